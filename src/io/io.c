@@ -1,0 +1,82 @@
+#include "io/io.h"
+
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "util/fault.h"
+
+/* Errors that mean "this mechanism is unavailable here", not "the file is bad". */
+static int is_refusal(int rc) {
+  return rc == -ENOSYS || rc == -EPERM || rc == -EACCES || rc == -ENOMEM || rc == -EOPNOTSUPP ||
+         rc == -EINVAL;
+}
+
+static void note_fallback(kvt__io *io, const kvt_io_backend *be, int rc) {
+  static atomic_int logged;
+  snprintf(io->fallback, sizeof io->fallback, "%s refused (%s)%s", be->name, strerror(-rc),
+           rc == -EPERM ? ": io_uring_disabled sysctl or seccomp?" : "");
+  if (!atomic_exchange(&logged, 1)) fprintf(stderr, "kvtier: disk I/O falls back: %s\n", io->fallback);
+}
+
+int kvt__io_open_first(const kvt_io_backend *const *list, uint32_t n, const kvt_io_open_args *args,
+                       kvt__io *io) {
+  int rc = -ENOSYS;
+  memset(io, 0, sizeof *io);
+  for (uint32_t i = 0; i < n; i++) {
+    const kvt_io_backend *be = list[i];
+    if (!be || be->version < 1) continue;
+    rc = be->open(args, &io->ctx);
+    if (rc == 0) {
+      io->be = be;
+      return 0;
+    }
+    if (i + 1 == n || !is_refusal(rc)) return rc;
+    note_fallback(io, be, rc);
+  }
+  return rc;
+}
+
+int kvt__io_open(kvt_disk_backend choice, const kvt_io_open_args *args, kvt__io *io) {
+  const kvt_io_backend *list[2] = {kvt_io_backend_uring(), kvt_io_backend_threads()};
+  switch (choice) {
+  case KVT_DISK_AUTO: return kvt__io_open_first(list, 2, args, io);
+  case KVT_DISK_URING: return kvt__io_open_first(list, 1, args, io);
+  case KVT_DISK_THREADS: return kvt__io_open_first(list + 1, 1, args, io);
+  default: return -EINVAL;
+  }
+}
+
+void kvt__io_close(kvt__io *io) {
+  if (io->be) io->be->close(io->ctx);
+  io->be = NULL;
+  io->ctx = NULL;
+}
+
+int kvt__io_submit(kvt__io *io, const kvt_io_req *reqs, uint32_t n) {
+  uint32_t ok = 0;
+  int f = 0;
+  while (ok < n && (f = kvt__fault_check(KVT_FAULT_IO_SUBMIT, reqs[ok].op)) == 0) ok++;
+  if (ok == 0 && f != 0) return f < 0 ? f : -EIO;
+  return ok ? io->be->submit(io->ctx, reqs, ok) : 0;
+}
+
+static void fault_delay(int res) {
+  int us = kvt__fault_check(KVT_FAULT_IO_DELAY_US, res);
+  if (us <= 0) return;
+  struct timespec ts = {us / 1000000, (long)(us % 1000000) * 1000};
+  while (nanosleep(&ts, &ts) == -1 && errno == EINTR) {
+  }
+}
+
+int kvt__io_reap(kvt__io *io, kvt_io_cqe *cqes, uint32_t max, uint32_t min_wait, int64_t timeout_ns) {
+  int n = io->be->reap(io->ctx, cqes, max, min_wait, timeout_ns);
+  for (int i = 0; i < n; i++) {
+    int f = kvt__fault_check(KVT_FAULT_IO_COMPLETE, cqes[i].res);
+    if (f < 0 || (f > 0 && f < cqes[i].res)) cqes[i].res = f;
+    fault_delay(cqes[i].res);
+  }
+  return n;
+}
