@@ -1,0 +1,131 @@
+/*
+ * kvtier/backend.h - backend vtables, for people who add a backend.
+ *
+ * A backend is a versioned struct of function pointers (SQLite's VFS is the
+ * model): methods are only ever appended, and `version` says how many the
+ * struct has. The engine reaches a backend only through the one-line
+ * wrappers in its layer (src/dev/dev.c, src/io/io.c), which also host the
+ * fault-injection hooks. Nothing here is needed to *use* kvtier.
+ */
+#ifndef KVTIER_BACKEND_H
+#define KVTIER_BACKEND_H
+
+#include "kvtier/kvtier.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------ */
+/* Device backends: move whole blocks between the engine's KV pool     */
+/* (device slots) and host-pool slots.                                 */
+/* ------------------------------------------------------------------ */
+
+enum { KVT_XFER_D2H = 0, KVT_XFER_H2D = 1 };
+
+/* One asynchronous transfer of n_blocks blocks. The engine owns the struct
+ * (one per job, set up at registration) and fills the request fields before
+ * submit; the backend calls done() exactly once, from one of its own
+ * threads, with none of its locks held, and must not touch the struct after
+ * done() returns. */
+typedef struct kvt_dev_xfer {
+  int dir;                   /* KVT_XFER_D2H or KVT_XFER_H2D */
+  uint32_t n_blocks;
+  const uint32_t *dev_slots; /* device slot of block i */
+  void *const *host_blocks;  /* host payload of block i: block-major, its
+                                segments contiguous in layout order */
+  void (*done)(struct kvt_dev_xfer *x, int status);
+  void *engine_data;         /* the engine's; the backend ignores it */
+  void *backend_data;        /* the backend's, set by xfer_prepare */
+} kvt_dev_xfer;
+
+typedef struct kvt_dev_open_args {
+  const kvt_layout *layout; /* segments are valid for the backend's lifetime */
+  int cuda_device;
+  uint32_t copy_threads;
+} kvt_dev_open_args;
+
+#define KVT_DEV_BACKEND_VERSION 1
+
+typedef struct kvt_dev_backend {
+  int version; /* KVT_DEV_BACKEND_VERSION the struct was written for */
+  const char *name;
+  /* KVT_ENODEV when the device is missing. */
+  int (*open)(const kvt_dev_open_args *args, void **ctx);
+  void (*close)(void *ctx);
+  /* Host memory for the host pool: pinned where the backend can pin
+   * (*pinned = 1), else page-aligned pageable memory (*pinned = 0). */
+  int (*host_alloc)(void *ctx, size_t bytes, void **ptr, int *pinned);
+  void (*host_free)(void *ctx, void *ptr, size_t bytes);
+  /* Per-transfer state (events...), set up once per job slot. */
+  int (*xfer_prepare)(void *ctx, kvt_dev_xfer *x);
+  void (*xfer_release)(void *ctx, kvt_dev_xfer *x);
+  /* Queues the copies; returns 0 (done() will follow) or a negative code
+   * (done() will not be called). */
+  int (*submit)(void *ctx, kvt_dev_xfer *x);
+  /* 0 if layer `layer` of an H2D transfer has landed, 1 if not yet. */
+  int (*layer_ready)(void *ctx, kvt_dev_xfer *x, uint32_t layer);
+  /* Orders `stream`'s later work after layer `layer` (CUDA: no CPU wait). */
+  int (*wait_layer)(void *ctx, kvt_dev_xfer *x, uint32_t layer, void *stream);
+  /* D2H transfers submitted after this call start only after the work
+   * queued on `stream` so far (NULL: nothing to wait for). */
+  int (*fence)(void *ctx, void *stream);
+} kvt_dev_backend;
+
+/* The built-in backends. kvt_dev_backend_cuda() is NULL in builds without
+ * the CUDA toolkit. */
+KVT_API const kvt_dev_backend *kvt_dev_backend_host(void);
+KVT_API const kvt_dev_backend *kvt_dev_backend_cuda(void);
+
+/* ------------------------------------------------------------------ */
+/* Storage backends: block I/O under the disk store. Offsets and       */
+/* lengths are multiples of 4096 and buffers 4096-aligned (O_DIRECT).  */
+/* ------------------------------------------------------------------ */
+
+enum { KVT_IO_READ = 0, KVT_IO_WRITE = 1, KVT_IO_FSYNC = 2 };
+
+typedef struct kvt_io_req {
+  int op;            /* KVT_IO_* */
+  int buf_index;     /* index of the registered buffer holding buf, or -1 */
+  uint64_t offset;
+  void *buf;
+  uint32_t len;
+  void *user;        /* handed back in the completion */
+} kvt_io_req;
+
+typedef struct kvt_io_cqe {
+  void *user;
+  int res;           /* bytes transferred, or -errno */
+} kvt_io_cqe;
+
+typedef struct kvt_io_open_args {
+  int fd;                   /* opened by the disk store (O_DIRECT where possible) */
+  uint32_t queue_depth;
+  const void *const *bufs;  /* memory to register as fixed buffers (host pool) */
+  const size_t *buf_lens;
+  uint32_t n_bufs;
+} kvt_io_open_args;
+
+#define KVT_IO_BACKEND_VERSION 1
+
+typedef struct kvt_io_backend {
+  int version;
+  const char *name;
+  /* -ENOSYS/-EPERM when the kernel refuses the mechanism. */
+  int (*open)(const kvt_io_open_args *args, void **ctx);
+  void (*close)(void *ctx);
+  /* Queues n requests; returns how many were accepted (>= 0) or -errno.
+   * Safe to call from several threads. */
+  int (*submit)(void *ctx, const kvt_io_req *reqs, uint32_t n);
+  /* Reaps up to max completions, waiting for at least min_wait of them
+   * (timeout_ns < 0: forever). Returns the count or -errno. One thread reaps. */
+  int (*reap)(void *ctx, kvt_io_cqe *cqes, uint32_t max, uint32_t min_wait, int64_t timeout_ns);
+} kvt_io_backend;
+
+KVT_API const kvt_io_backend *kvt_io_backend_uring(void);
+KVT_API const kvt_io_backend *kvt_io_backend_threads(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVTIER_BACKEND_H */

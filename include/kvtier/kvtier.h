@@ -1,0 +1,399 @@
+/*
+ * kvtier.h - KV-cache tiering for LLM inference: the public C API.
+ *
+ * This is the only header an engine needs. kvtier keeps the KV cache of idle
+ * conversations in three tiers - T0 device (the engine's own KV pool, on the
+ * GPU or in RAM), T1 pinned host pool, T2 disk - and brings it back when a
+ * conversation returns, whenever restoring is cheaper than recomputing.
+ *
+ * Conventions (stated once, they hold for every function below):
+ *
+ *  - Return values: 0 success, 1 "in progress" for asynchronous calls, and a
+ *    negative code on error: -errno for OS errors, or one of the KVT_E* codes
+ *    below. kvt_strerror() names every code. No function aborts or exits on
+ *    bad input; NULL or inconsistent arguments return -EINVAL or a KVT_E*.
+ *  - Thread safety: one kvt_cache may be used from any number of threads at
+ *    once. Every call takes the cache's metadata lock only for O(1)/O(n
+ *    blocks) bookkeeping, never across a copy or an I/O. Exceptions: kvt_open,
+ *    kvt_register_layout and kvt_close must not race other calls on the same
+ *    cache. Functions marked "may block" wait for copies or I/O.
+ *  - Callbacks: none. kvtier never calls into the engine from its threads;
+ *    completion is learned by polling or waiting.
+ *  - Structs the engine fills have an *_init() that sets defaults and the
+ *    `size` field; set fields after calling it. Structs only ever grow.
+ *  - Memory: block slots, jobs and requests are allocated at open / layout
+ *    registration; lookup, acquire, commit, release and the copy paths do not
+ *    allocate.
+ */
+#ifndef KVTIER_KVTIER_H
+#define KVTIER_KVTIER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvtier/version.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(KVT_BUILDING) && (defined(__GNUC__) || defined(__clang__))
+#define KVT_API __attribute__((visibility("default")))
+#else
+#define KVT_API
+#endif
+
+/* ------------------------------------------------------------------ */
+/* Version and errors                                                  */
+/* ------------------------------------------------------------------ */
+
+/* The library's version string ("0.1.0"); the header's is KVT_VERSION_STRING. */
+KVT_API const char *kvt_version(void);
+/* KVT_VERSION_NUMBER of the library actually linked. */
+KVT_API int kvt_version_number(void);
+
+#define KVT_OK 0
+#define KVT_INPROGRESS 1
+
+/* kvtier's own codes: -3001..-3999. Codes are never renumbered or reused. */
+#define KVT_ERROR_MAP(XX)                                                                   \
+  XX(KVT_EMISS, -3001, "block is not cached in any tier")                                   \
+  XX(KVT_EMISMATCH, -3002, "stored tokens or parent key differ from the request's")         \
+  XX(KVT_ENOSPACE, -3003, "tier is full: every slot is pinned or in flight")                \
+  XX(KVT_ENODEV, -3004, "no usable device: no GPU, or the driver is unavailable")           \
+  XX(KVT_ECORRUPT, -3005, "stored record failed its checksum")                              \
+  XX(KVT_ECANCELED, -3006, "job was cancelled")                                             \
+  XX(KVT_EBUSY, -3007, "object is pinned or has transfers in flight")                       \
+  XX(KVT_ELAYOUT, -3008, "no KV layout registered, or the arguments do not fit it")         \
+  XX(KVT_ESTATE, -3009, "call is not valid in the object's current state")                  \
+  XX(KVT_EVERSION, -3010, "struct size or version is not supported by this library")        \
+  XX(KVT_EAGAIN, -3011, "slots are being freed by copies in flight; ask again later")       \
+  XX(KVT_ENOJOB, -3012, "unknown, finished-and-released, or foreign job or request handle") \
+  XX(KVT_EUNSUPPORTED, -3013, "not supported by this backend or build")                     \
+  XX(KVT_ENAMESPACE, -3014, "stored data belongs to another model, layout or format")       \
+  XX(KVT_ETIMEDOUT, -3015, "timed out before the transfer finished")
+
+enum {
+#define KVT_XX_ENUM(name, value, text) name = (value),
+  KVT_ERROR_MAP(KVT_XX_ENUM)
+#undef KVT_XX_ENUM
+};
+
+/* A static string for any return code (0, 1, -errno, KVT_E*). Never NULL. */
+KVT_API const char *kvt_strerror(int code);
+
+/* ------------------------------------------------------------------ */
+/* Keys                                                                */
+/* ------------------------------------------------------------------ */
+
+/* A 128-bit block key. Keys made by kvtier are prefix-chained:
+ * key[i] = H(tokens of block i, chained by key[i-1]), key[-1] = namespace,
+ * so equal keys mean equal prefixes (up to 2^-128 collisions, which the
+ * token verification of restores catches anyway). */
+typedef struct kvt_key {
+  uint64_t lo;
+  uint64_t hi;
+} kvt_key;
+
+/* ------------------------------------------------------------------ */
+/* Configuration                                                       */
+/* ------------------------------------------------------------------ */
+
+typedef enum kvt_dtype {
+  KVT_DTYPE_F16 = 1,
+  KVT_DTYPE_BF16 = 2,
+  KVT_DTYPE_F32 = 3,
+  KVT_DTYPE_FP8_E4M3 = 4,
+  KVT_DTYPE_FP8_E5M2 = 5,
+  KVT_DTYPE_INT8 = 6,
+  KVT_DTYPE_OTHER = 255
+} kvt_dtype;
+
+typedef enum kvt_device_kind {
+  KVT_DEVICE_AUTO = 0, /* CUDA if a GPU is usable, else the host backend */
+  KVT_DEVICE_HOST = 1, /* engine KV in RAM; copies are memcpy on a worker */
+  KVT_DEVICE_CUDA = 2  /* engine KV in GPU memory; fails with KVT_ENODEV without one */
+} kvt_device_kind;
+
+typedef enum kvt_disk_backend {
+  KVT_DISK_AUTO = 0,    /* io_uring, falling back to threads if the kernel refuses it */
+  KVT_DISK_URING = 1,   /* io_uring only */
+  KVT_DISK_THREADS = 2  /* pread/pwrite on a thread pool */
+} kvt_disk_backend;
+
+typedef enum kvt_write_policy {
+  KVT_WRITE_BACK = 0,   /* copy a block down only when it is evicted (default) */
+  KVT_WRITE_THROUGH = 1 /* copy every committed block down at once */
+} kvt_write_policy;
+
+typedef struct kvt_config {
+  uint32_t size;         /* sizeof(kvt_config); set by kvt_config_init */
+  uint32_t block_tokens; /* tokens per block: power of two, 16..1024 (16) */
+
+  /* Namespace: caches of different models, layouts, ranks or tenants never alias. */
+  const char *model_fingerprint; /* required: model id, revision, adapter... */
+  kvt_dtype dtype;               /* KV dtype (KVT_DTYPE_BF16) */
+  uint32_t tp_rank, tp_size;     /* tensor-parallel rank and size (0, 1) */
+  uint64_t tenant_salt;          /* optional per-tenant salt (0) */
+
+  /* Device tier. */
+  kvt_device_kind device;    /* KVT_DEVICE_AUTO */
+  int cuda_device;           /* CUDA ordinal (0) */
+  uint32_t copy_threads;     /* host backend copy workers (1) */
+
+  /* Host tier (T1). */
+  uint64_t host_blocks;      /* slots in the pinned host pool; 0 = no host tier */
+  int host_mlock;            /* mlock the host pool when no CUDA pinning (0) */
+
+  /* Disk tier (T2). */
+  const char *disk_path;     /* file or block device; NULL = no disk tier */
+  uint64_t disk_blocks;      /* record slots on disk */
+  uint32_t disk_queue_depth; /* in-flight I/Os (32) */
+  kvt_disk_backend disk_backend; /* KVT_DISK_AUTO */
+  int disk_reset;            /* 1: discard whatever the file holds (0) */
+  kvt_write_policy write_policy; /* KVT_WRITE_BACK */
+
+  /* Capacities of preallocated bookkeeping. */
+  uint32_t max_requests;     /* concurrently acquired requests (1024) */
+  uint32_t max_jobs;         /* transfers in flight, internal ones included (256) */
+  uint32_t max_job_blocks;   /* blocks one transfer may carry (8192) */
+} kvt_config;
+
+KVT_API void kvt_config_init(kvt_config *cfg);
+
+/* ------------------------------------------------------------------ */
+/* Layout of the engine's KV pool                                      */
+/* ------------------------------------------------------------------ */
+
+/* One segment of one layer: K, V, or an MLA latent. Block slot s of this
+ * segment is the `bytes` bytes at base + s * stride. Every engine layout
+ * reduces to this: vLLM FlashAttention (2, blocks, ...) per layer = two
+ * segments whose bases are the halves; FlashInfer (blocks, 2, ...) = stride
+ * of two segments; cross-layer blocks = one layer, one segment. */
+typedef struct kvt_segment {
+  void *base;
+  size_t stride;
+  size_t bytes;
+} kvt_segment;
+
+typedef struct kvt_layout {
+  uint32_t size;               /* sizeof(kvt_layout); set by kvt_layout_init */
+  uint32_t num_layers;         /* >= 1 */
+  uint32_t segments_per_layer; /* 2 for K and V, 1 for MLA or packed blocks */
+  uint32_t num_slots;          /* block slots in the engine's pool (the device tier) */
+  /* num_layers * segments_per_layer entries, layer-major. NULL with
+   * KVT_LAYOUT_METADATA_ONLY: no bytes move (simulation, planning). */
+  const kvt_segment *segments;
+  uint32_t flags;
+} kvt_layout;
+
+#define KVT_LAYOUT_METADATA_ONLY 0x1u
+
+KVT_API void kvt_layout_init(kvt_layout *layout);
+
+/* ------------------------------------------------------------------ */
+/* Lifecycle                                                           */
+/* ------------------------------------------------------------------ */
+
+typedef struct kvt_cache kvt_cache;
+
+/* Opens a cache. Allocates the tier map, jobs and requests; opens the disk
+ * tier's file (recovery of its blocks waits until the layout is known).
+ * With cfg->device = KVT_DEVICE_CUDA and no GPU, returns KVT_ENODEV.
+ * On success *out owns everything; free it with kvt_close. May block. */
+KVT_API int kvt_open(const kvt_config *cfg, kvt_cache **out);
+
+/* Registers the engine's KV layout; must precede every block operation.
+ * Computes the namespace (config + layout geometry), allocates the host
+ * pool (pinned through the device backend when it can), and recovers the
+ * disk tier's blocks written under the same namespace. Once per cache.
+ * The segments array is copied. May block. */
+KVT_API int kvt_register_layout(kvt_cache *c, const kvt_layout *layout);
+
+/* Waits for every transfer in flight, then frees everything. NULL is fine. */
+KVT_API void kvt_close(kvt_cache *c);
+
+/* Bytes of one block (sum of segment bytes over layers); 0 for metadata-only. */
+KVT_API size_t kvt_block_bytes(const kvt_cache *c);
+/* The namespace key (valid after kvt_register_layout). */
+KVT_API int kvt_namespace(const kvt_cache *c, kvt_key *ns);
+/* Name of the device backend in use ("host", "cuda") and of the disk backend
+ * ("io_uring", "threads", or "none"). Static strings. */
+KVT_API const char *kvt_device_backend_name(const kvt_cache *c);
+KVT_API const char *kvt_disk_backend_name(const kvt_cache *c);
+
+/* ------------------------------------------------------------------ */
+/* Keys from tokens or from the engine's own hashes                    */
+/* ------------------------------------------------------------------ */
+
+/* Hashes the full blocks of tokens[0..n_tokens) into prefix-chained keys;
+ * the trailing partial block is not keyed. `parent` is the key of the block
+ * before tokens[0] (NULL: the namespace, i.e. tokens start the sequence), so
+ * a growing conversation can extend its chain. Writes n_tokens/block_tokens
+ * keys (at most max_keys, else -ENOBUFS) and stores the count in *n_keys. */
+KVT_API int kvt_hash_tokens(const kvt_cache *c, const kvt_key *parent, const uint32_t *tokens,
+                            size_t n_tokens, kvt_key *keys, size_t max_keys, size_t *n_keys);
+
+/* Turns n opaque engine keys of key_bytes each (vLLM block hashes, SGLang
+ * page hashes) into kvtier keys within this cache's namespace. The engine's
+ * keys must already be prefix-chained; no token verification is possible
+ * unless tokens are also passed to kvt_acquire. */
+KVT_API int kvt_keys_from_opaque(const kvt_cache *c, const void *opaque, size_t key_bytes, size_t n,
+                                 kvt_key *keys);
+
+/* ------------------------------------------------------------------ */
+/* Read path: lookup, plan, acquire                                    */
+/* ------------------------------------------------------------------ */
+
+enum { KVT_TIER_DEVICE = 0, KVT_TIER_HOST = 1, KVT_TIER_DISK = 2, KVT_TIER_NONE = 255 };
+
+typedef struct kvt_lookup_result {
+  uint32_t size;     /* sizeof(kvt_lookup_result); the caller sets it */
+  uint32_t n_blocks; /* keys asked about */
+  uint32_t n_prefix; /* longest prefix cached in some tier */
+  /* The prefix's blocks counted by the fastest tier holding each. */
+  uint32_t n_device, n_host, n_disk;
+} kvt_lookup_result;
+
+/* Longest cached prefix of keys[0..n), split by tier. No side effects: it
+ * neither pins nor touches, so a scheduler may ask again later. Optional
+ * tier_of_block[n] receives KVT_TIER_* per block (NONE after the prefix). */
+KVT_API int kvt_lookup(kvt_cache *c, const kvt_key *keys, size_t n, kvt_lookup_result *res,
+                       uint8_t *tier_of_block);
+
+#include "kvtier/cost.h"
+
+/* Plans a request of n_tokens tokens whose full blocks have keys[0..n_blocks):
+ * looks the prefix up and asks the cost model (kvt_set_cost_model) how many
+ * leading blocks to restore; the rest is recomputed. The plan carries the
+ * estimates and the inputs behind them. No side effects. */
+KVT_API int kvt_plan_request(kvt_cache *c, const kvt_key *keys, size_t n_blocks, size_t n_tokens,
+                             kvt_plan *plan);
+
+/* A request in flight: its blocks hold device slots until kvt_release. */
+typedef uint64_t kvt_req;
+
+typedef struct kvt_acquire_info {
+  uint32_t size;         /* sizeof(kvt_acquire_info); the caller sets it */
+  uint32_t n_restore;    /* blocks [0, n_restore) hold cached KV once loaded */
+  uint32_t n_device_hits;/* of which already on the device (no copy) */
+  uint32_t n_loading;    /* of which copied from host or disk */
+  uint32_t n_from_disk;  /* of which fetched from disk first */
+} kvt_acquire_info;
+
+#define KVT_ACQUIRE_NOWAIT 0x1u /* KVT_EAGAIN instead of waiting for evictions */
+
+/* Gives a request device slots for n_blocks keyed blocks plus extra_slots
+ * more (partial block, decode). The first `restore` keyed blocks are
+ * restored where cached (device hits are shared and pinned; host and disk
+ * blocks are loaded asynchronously); the rest get fresh slots for the
+ * engine to compute into. Restoring stops at the first miss or, when tokens
+ * (n_blocks * block_tokens ids, may be NULL) are given, at the first block
+ * whose stored tokens or parent differ (counted as a mismatch).
+ * slots[n_blocks + extra_slots] receives the slot of every block.
+ * May block while evicted blocks are copied down (never with NOWAIT).
+ * Returns 0 (nothing to load), 1 (loads in flight: kvt_request_wait), or
+ * KVT_ENOSPACE when the device tier cannot free enough unpinned slots. */
+KVT_API int kvt_acquire(kvt_cache *c, const kvt_key *keys, const uint32_t *tokens, size_t n_blocks,
+                        size_t restore, size_t extra_slots, uint32_t flags, kvt_req *req,
+                        uint32_t *slots, kvt_acquire_info *info);
+
+/* Load progress of a request. *n_ready (may be NULL) receives the number of
+ * leading blocks whose KV is valid on the device: when the call returns 0
+ * it is final, and blocks [n_ready, n_restore) failed to load (I/O error,
+ * checksum, mismatch) and must be recomputed into the slots they were given. */
+KVT_API int kvt_request_poll(kvt_cache *c, kvt_req req, uint32_t *n_ready);
+/* As poll, but waits (timeout_ns < 0: forever; else KVT_ETIMEDOUT). May block. */
+KVT_API int kvt_request_wait(kvt_cache *c, kvt_req req, int64_t timeout_ns, uint32_t *n_ready);
+/* 0 when layer `layer` of every loading block has landed, 1 if not yet. */
+KVT_API int kvt_request_layer_ready(kvt_cache *c, kvt_req req, uint32_t layer);
+/* Orders the engine's work after layer `layer` has landed: with CUDA,
+ * `stream` (a cudaStream_t) waits on the layer's event and the CPU does not
+ * block; with the host backend the CPU waits (may block). Layer readiness is
+ * provisional until kvt_request_wait/poll confirms the final n_ready. */
+KVT_API int kvt_request_wait_layer(kvt_cache *c, kvt_req req, uint32_t layer, void *stream);
+
+/* The engine has written valid KV for keyed blocks [0, n_valid) of the
+ * request (restored plus computed); blocks it computed become cached on the
+ * device. `stream` (CUDA: the compute stream that wrote them, else NULL)
+ * orders later copies of these blocks after that work. With write-through
+ * a store to host starts at once. */
+KVT_API int kvt_commit(kvt_cache *c, kvt_req req, size_t n_valid, void *stream);
+
+/* Ends a request: unpins its blocks (they stay cached on the device, on the
+ * LRU) and frees its uncommitted slots. Waits for loads still in flight
+ * (may block). A second release returns KVT_ENOJOB. */
+KVT_API int kvt_release(kvt_cache *c, kvt_req req);
+
+/* ------------------------------------------------------------------ */
+/* Write path and jobs                                                 */
+/* ------------------------------------------------------------------ */
+
+typedef uint64_t kvt_job;
+
+#define KVT_STORE_EVICT 0x1u /* free the device slots once copied (offload) */
+
+/* Copies device-resident blocks among keys[0..n) down to the host tier (and
+ * on to disk with write-through); blocks already on host are skipped. Use it
+ * when a conversation goes idle. Returns 0 (nothing to copy) or 1 with *job.
+ * May block while host slots are freed (spills). Blocks pinned by a request
+ * are copied but not evicted. */
+KVT_API int kvt_store(kvt_cache *c, const kvt_key *keys, size_t n, uint32_t flags, kvt_job *job);
+
+/* Promotes the disk-resident blocks of keys' cached prefix to the host tier
+ * ahead of the request's turn (the scheduler's hint). 0 nothing to do, 1 *job. */
+KVT_API int kvt_prefetch(kvt_cache *c, const kvt_key *keys, size_t n, kvt_job *job);
+
+/* 0 done ok, 1 in progress, or the job's error. */
+KVT_API int kvt_job_poll(kvt_cache *c, kvt_job job);
+/* Waits (timeout_ns < 0: forever). May block. */
+KVT_API int kvt_job_wait(kvt_cache *c, kvt_job job, int64_t timeout_ns);
+/* Every job handle must be released once. Releasing an unfinished job
+ * detaches it: it completes on its own and frees itself. */
+KVT_API int kvt_job_release(kvt_cache *c, kvt_job job);
+
+/* Waits until no transfer is in flight (evictions included). May block. */
+KVT_API int kvt_drain(kvt_cache *c);
+
+/* ------------------------------------------------------------------ */
+/* Cost model and calibration                                          */
+/* ------------------------------------------------------------------ */
+
+/* Sets the model and hardware the planner uses (copied). */
+KVT_API int kvt_set_cost_model(kvt_cache *c, const kvt_model_desc *model, const kvt_hw_desc *hw);
+/* Reports a measured prefill: tokens [from_token, to_token) took `seconds`.
+ * Later plans follow such reports (EWMA). Transfers the library runs are
+ * measured and fed back the same way. */
+KVT_API int kvt_report_prefill(kvt_cache *c, uint64_t from_token, uint64_t to_token, double seconds);
+/* The hardware description as calibrated so far. */
+KVT_API int kvt_get_calibrated_hw(kvt_cache *c, kvt_hw_desc *hw);
+
+/* ------------------------------------------------------------------ */
+/* Stats                                                               */
+/* ------------------------------------------------------------------ */
+
+typedef struct kvt_stats {
+  uint32_t size; /* sizeof(kvt_stats); the caller sets it */
+  uint32_t host_pool_pinned; /* 1 pinned by the device backend, 0 pageable (warning) */
+  uint64_t lookups, lookup_blocks;
+  uint64_t acquires, hits_device, hits_host, hits_disk, misses;
+  uint64_t blocks_committed;
+  uint64_t blocks_d2h, blocks_h2d, blocks_h2disk, blocks_disk2h;
+  uint64_t bytes_d2h, bytes_h2d, bytes_h2disk, bytes_disk2h;
+  uint64_t evictions_device, evictions_host, evictions_disk;
+  uint64_t verify_mismatches, checksum_failures, io_errors, copy_errors;
+  uint64_t jobs_started, jobs_failed;
+  uint64_t resident_device, resident_host, resident_disk;
+  uint64_t disk_recovered, disk_discarded;
+  uint64_t metadata_bytes; /* tier map, jobs and requests */
+} kvt_stats;
+
+KVT_API int kvt_get_stats(kvt_cache *c, kvt_stats *st);
+
+/* Tier-map bytes per cached block (entry + index share); for sizing. */
+#define KVT_MAP_BYTES_PER_BLOCK 96
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVTIER_KVTIER_H */

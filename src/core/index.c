@@ -1,0 +1,181 @@
+#include "core/index.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/hash.h"
+
+static inline uint32_t tag_of(const kvt_key *k) { return (uint32_t)(k->hi >> 32) | 1u; }
+
+int kvt__index_init(kvt__index *ix, uint32_t capacity) {
+  memset(ix, 0, sizeof *ix);
+  if (capacity == 0 || capacity > (1u << 30)) return -EINVAL;
+  uint64_t tsize = 16;
+  while (tsize < (uint64_t)capacity * 2) tsize <<= 1; /* load factor <= 0.5 */
+  ix->entries = calloc(capacity, sizeof *ix->entries);
+  ix->table = calloc(tsize, sizeof *ix->table);
+  if (!ix->entries || !ix->table) {
+    kvt__index_free(ix);
+    return -ENOMEM;
+  }
+  ix->capacity = capacity;
+  ix->mask = (uint32_t)(tsize - 1);
+  for (uint32_t i = 0; i < capacity; i++) ix->entries[i].next[0] = i + 1 < capacity ? i + 1 : KVT__NONE;
+  ix->free_head = 0;
+  for (int t = 0; t < KVT__NTIERS; t++) ix->lru[t].head = ix->lru[t].tail = KVT__NONE;
+  return 0;
+}
+
+void kvt__index_free(kvt__index *ix) {
+  free(ix->entries);
+  free(ix->table);
+  memset(ix, 0, sizeof *ix);
+}
+
+size_t kvt__index_bytes(const kvt__index *ix) {
+  return (size_t)ix->capacity * sizeof(kvt__entry) + ((size_t)ix->mask + 1) * sizeof(uint64_t);
+}
+
+uint32_t kvt__index_find(const kvt__index *ix, const kvt_key *key) {
+  uint32_t tag = tag_of(key);
+  for (uint32_t h = (uint32_t)key->lo & ix->mask;; h = (h + 1) & ix->mask) {
+    uint64_t w = ix->table[h];
+    if (!w) return KVT__NONE;
+    if ((uint32_t)(w >> 32) == tag) {
+      uint32_t e = (uint32_t)w - 1;
+      if (kvt__key_eq(&ix->entries[e].key, key)) return e;
+    }
+  }
+}
+
+void kvt__index_prefetch(const kvt__index *ix, const kvt_key *keys, size_t n) {
+  for (size_t i = 0; i < n; i++) __builtin_prefetch(&ix->table[(uint32_t)keys[i].lo & ix->mask]);
+}
+
+uint32_t kvt__index_insert(kvt__index *ix, const kvt_key *key, const kvt_key *parent) {
+  uint32_t e = ix->free_head;
+  if (e == KVT__NONE) return KVT__NONE;
+  kvt__entry *en = &ix->entries[e];
+  ix->free_head = en->next[0];
+  memset(en, 0, sizeof *en);
+  en->key = *key;
+  en->parent = *parent;
+  for (int t = 0; t < KVT__NTIERS; t++) en->slot[t] = en->prev[t] = en->next[t] = KVT__NONE;
+  uint32_t h = (uint32_t)key->lo & ix->mask;
+  while (ix->table[h]) h = (h + 1) & ix->mask;
+  ix->table[h] = ((uint64_t)tag_of(key) << 32) | (e + 1);
+  ix->used++;
+  return e;
+}
+
+/* Backward-shift deletion keeps probe chains intact without tombstones. */
+static void table_delete(kvt__index *ix, uint32_t e) {
+  const kvt_key *key = &ix->entries[e].key;
+  uint32_t h = (uint32_t)key->lo & ix->mask;
+  while ((uint32_t)ix->table[h] != e + 1) h = (h + 1) & ix->mask;
+  uint32_t hole = h;
+  for (uint32_t j = (hole + 1) & ix->mask; ix->table[j]; j = (j + 1) & ix->mask) {
+    uint32_t home = (uint32_t)ix->entries[(uint32_t)ix->table[j] - 1].key.lo & ix->mask;
+    /* Move j into the hole unless its home lies cyclically in (hole, j]. */
+    int stays = hole <= j ? (home > hole && home <= j) : (home > hole || home <= j);
+    if (!stays) {
+      ix->table[hole] = ix->table[j];
+      hole = j;
+    }
+  }
+  ix->table[hole] = 0;
+}
+
+void kvt__index_remove(kvt__index *ix, uint32_t e) {
+  table_delete(ix, e);
+  kvt__entry *en = &ix->entries[e];
+  memset(&en->key, 0, sizeof en->key);
+  en->next[0] = ix->free_head;
+  ix->free_head = e;
+  ix->used--;
+}
+
+static void lru_unlink(kvt__index *ix, uint32_t e, int t) {
+  kvt__entry *en = &ix->entries[e];
+  kvt__lru *l = &ix->lru[t];
+  if (en->prev[t] != KVT__NONE) ix->entries[en->prev[t]].next[t] = en->next[t];
+  else l->head = en->next[t];
+  if (en->next[t] != KVT__NONE) ix->entries[en->next[t]].prev[t] = en->prev[t];
+  else l->tail = en->prev[t];
+  en->prev[t] = en->next[t] = KVT__NONE;
+  en->on_lru &= (uint8_t)~(1u << t);
+  l->count--;
+}
+
+static void lru_push_head(kvt__index *ix, uint32_t e, int t) {
+  kvt__entry *en = &ix->entries[e];
+  kvt__lru *l = &ix->lru[t];
+  en->prev[t] = KVT__NONE;
+  en->next[t] = l->head;
+  if (l->head != KVT__NONE) ix->entries[l->head].prev[t] = e;
+  else l->tail = e;
+  l->head = e;
+  en->on_lru |= (uint8_t)(1u << t);
+  l->count++;
+}
+
+/* Re-establishes "on LRU iff VALID and unpinned" for one tier. */
+static void lru_sync(kvt__index *ix, uint32_t e, int t) {
+  kvt__entry *en = &ix->entries[e];
+  int want = en->state[t] == KVT__VALID && en->pins[t] == 0;
+  int have = (en->on_lru >> t) & 1;
+  if (want && !have) lru_push_head(ix, e, t);
+  else if (!want && have) lru_unlink(ix, e, t);
+}
+
+void kvt__index_set_state(kvt__index *ix, uint32_t e, int tier, int state, uint32_t slot) {
+  kvt__entry *en = &ix->entries[e];
+  en->state[tier] = (uint8_t)state;
+  en->slot[tier] = state == KVT__ABSENT ? KVT__NONE : slot;
+  lru_sync(ix, e, tier);
+}
+
+void kvt__index_pin(kvt__index *ix, uint32_t e, int tier) {
+  ix->entries[e].pins[tier]++;
+  lru_sync(ix, e, tier);
+}
+
+void kvt__index_unpin(kvt__index *ix, uint32_t e, int tier) {
+  if (ix->entries[e].pins[tier]) ix->entries[e].pins[tier]--;
+  lru_sync(ix, e, tier);
+}
+
+void kvt__index_touch(kvt__index *ix, uint32_t e, int tier) {
+  if (!((ix->entries[e].on_lru >> tier) & 1) || ix->lru[tier].head == e) return;
+  lru_unlink(ix, e, tier);
+  lru_push_head(ix, e, tier);
+}
+
+int kvt__index_unused(const kvt__index *ix, uint32_t e) {
+  const kvt__entry *en = &ix->entries[e];
+  for (int t = 0; t < KVT__NTIERS; t++)
+    if (en->state[t] != KVT__ABSENT || en->pins[t]) return 0;
+  return 1;
+}
+
+int kvt__slots_init(kvt__slots *s, uint32_t capacity) {
+  s->capacity = capacity;
+  s->n_free = capacity;
+  s->free = capacity ? malloc(sizeof(uint32_t) * capacity) : NULL;
+  if (capacity && !s->free) return -ENOMEM;
+  /* Stack order hands out slot 0 first: predictable for tests and locality. */
+  for (uint32_t i = 0; i < capacity; i++) s->free[i] = capacity - 1 - i;
+  return 0;
+}
+
+void kvt__slots_free(kvt__slots *s) {
+  free(s->free);
+  memset(s, 0, sizeof *s);
+}
+
+void kvt__slots_rebuild(kvt__slots *s, const uint8_t *used) {
+  s->n_free = 0;
+  for (uint32_t i = s->capacity; i-- > 0;)
+    if (!used[i]) s->free[s->n_free++] = i;
+}

@@ -1,0 +1,321 @@
+/* Lifecycle (open, layout registration, close), keys, stats, cost model. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/hash.h"
+#include "engine/engine.h"
+#include "store/record.h"
+
+void kvt_config_init(kvt_config *cfg) {
+  if (!cfg) return;
+  memset(cfg, 0, sizeof *cfg);
+  cfg->size = sizeof *cfg;
+  cfg->block_tokens = 16;
+  cfg->dtype = KVT_DTYPE_BF16;
+  cfg->tp_size = 1;
+  cfg->device = KVT_DEVICE_AUTO;
+  cfg->copy_threads = 1;
+  cfg->disk_queue_depth = 32;
+  cfg->max_requests = 1024;
+  cfg->max_jobs = 256;
+  cfg->max_job_blocks = 8192;
+}
+
+void kvt_layout_init(kvt_layout *layout) {
+  if (!layout) return;
+  memset(layout, 0, sizeof *layout);
+  layout->size = sizeof *layout;
+  layout->segments_per_layer = 2;
+}
+
+static int config_ok(const kvt_config *cfg) {
+  uint32_t bt = cfg->block_tokens;
+  if (bt < 16 || bt > 1024 || (bt & (bt - 1))) return 0;
+  if (!cfg->model_fingerprint || !cfg->model_fingerprint[0]) return 0;
+  if (cfg->tp_size == 0 || cfg->tp_rank >= cfg->tp_size) return 0;
+  if (cfg->max_requests == 0 || cfg->max_jobs == 0 || cfg->max_job_blocks == 0) return 0;
+  if (cfg->device < KVT_DEVICE_AUTO || cfg->device > KVT_DEVICE_CUDA) return 0;
+  if (cfg->disk_backend < KVT_DISK_AUTO || cfg->disk_backend > KVT_DISK_THREADS) return 0;
+  if (cfg->disk_path && !cfg->disk_blocks) return 0;
+  if (cfg->disk_blocks > UINT32_MAX - 1 || cfg->host_blocks > UINT32_MAX - 1) return 0;
+  return 1;
+}
+
+int kvt_open(const kvt_config *cfg, kvt_cache **out) {
+  if (!cfg || !out) return -EINVAL;
+  *out = NULL;
+  if (cfg->size != sizeof(kvt_config)) return KVT_EVERSION;
+  if (!config_ok(cfg)) return -EINVAL;
+  if (cfg->device == KVT_DEVICE_CUDA && !kvt_dev_backend_cuda()) return KVT_ENODEV;
+  kvt_cache *c = calloc(1, sizeof *c);
+  if (!c) return -ENOMEM;
+  c->cfg = *cfg;
+  c->model_fp = strdup(cfg->model_fingerprint);
+  c->disk_path = cfg->disk_path ? strdup(cfg->disk_path) : NULL;
+  if (!c->model_fp || (cfg->disk_path && !c->disk_path)) {
+    kvt_close(c);
+    return -ENOMEM;
+  }
+  c->cfg.model_fingerprint = c->model_fp;
+  c->cfg.disk_path = c->disk_path;
+  c->bt = cfg->block_tokens;
+  pthread_mutex_init(&c->lock, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&c->cond, &ca);
+  pthread_condattr_destroy(&ca);
+  c->st.size = sizeof c->st;
+  *out = c;
+  return 0;
+}
+
+static int layout_ok(const kvt_layout *l) {
+  if (l->size != sizeof(kvt_layout)) return 0;
+  if (!l->num_layers || !l->segments_per_layer || !l->num_slots || l->num_slots == UINT32_MAX) return 0;
+  if ((uint64_t)l->num_layers * l->segments_per_layer > 65536) return 0;
+  if (l->flags & KVT_LAYOUT_METADATA_ONLY) return 1;
+  if (!l->segments) return 0;
+  for (uint32_t i = 0; i < l->num_layers * l->segments_per_layer; i++) {
+    const kvt_segment *s = &l->segments[i];
+    if (!s->base || !s->bytes || s->stride < s->bytes) return 0;
+  }
+  return 1;
+}
+
+static int open_device(kvt_cache *c) {
+  kvt_dev_open_args a = {.layout = &c->layout, .cuda_device = c->cfg.cuda_device, .copy_threads = c->cfg.copy_threads};
+  int rc = KVT_ENODEV;
+  if (c->cfg.device != KVT_DEVICE_HOST && kvt_dev_backend_cuda()) rc = kvt__dev_open(&c->dev, kvt_dev_backend_cuda(), &a);
+  if (rc == KVT_ENODEV && c->cfg.device == KVT_DEVICE_AUTO) rc = kvt__dev_open(&c->dev, kvt_dev_backend_host(), &a);
+  else if (c->cfg.device == KVT_DEVICE_HOST) rc = kvt__dev_open(&c->dev, kvt_dev_backend_host(), &a);
+  if (rc < 0) c->dev.be = NULL;
+  return rc;
+}
+
+static void compute_namespace(kvt_cache *c) {
+  uint32_t n = c->layout.num_layers * c->layout.segments_per_layer;
+  uint64_t *bytes = calloc(n, sizeof *bytes);
+  for (uint32_t i = 0; bytes && i < n; i++) bytes[i] = c->metadata_only ? 0 : c->segments[i].bytes;
+  kvt__ns_input in = {
+      .model_fingerprint = c->cfg.model_fingerprint, .dtype = (uint32_t)c->cfg.dtype,
+      .tp_rank = c->cfg.tp_rank, .tp_size = c->cfg.tp_size, .block_tokens = c->bt,
+      .tenant_salt = c->cfg.tenant_salt, .num_layers = c->layout.num_layers,
+      .segments_per_layer = c->layout.segments_per_layer, .segment_bytes = bytes};
+  c->ns = kvt__namespace_key(&in);
+  free(bytes);
+}
+
+static int alloc_tables(kvt_cache *c) {
+  uint64_t cap = c->cap[0] + c->cap[1] + c->cap[2];
+  if (cap > (1u << 30)) return -E2BIG;
+  int rc = kvt__index_init(&c->map, (uint32_t)cap);
+  for (int t = 0; rc == 0 && t < KVT__NTIERS; t++) rc = kvt__slots_init(&c->slots[t], (uint32_t)c->cap[t]);
+  if (rc) return rc;
+  uint32_t n = c->layout.num_slots, m = c->cfg.max_job_blocks;
+  c->dev_tokens = calloc((size_t)n * c->bt, sizeof *c->dev_tokens);
+  c->dev_has_tokens = calloc(n, 1);
+  c->reqs = calloc(c->cfg.max_requests, sizeof *c->reqs);
+  c->req_free = calloc(c->cfg.max_requests, sizeof *c->req_free);
+  c->refs_cap = 2 * n + 64;
+  c->refs = calloc(c->refs_cap, sizeof *c->refs);
+  c->ref_used = calloc(c->refs_cap, 1);
+  c->scratch_tiers = calloc(m, 1);
+  c->scratch_entries = calloc(m, sizeof *c->scratch_entries);
+  if (!c->dev_tokens || !c->dev_has_tokens || !c->reqs || !c->req_free || !c->refs || !c->ref_used ||
+      !c->scratch_tiers || !c->scratch_entries)
+    return -ENOMEM;
+  for (uint32_t i = 0; i < c->cfg.max_requests; i++) c->req_free[c->n_req_free++] = c->cfg.max_requests - 1 - i;
+  return kvt__jobs_init(c);
+}
+
+typedef struct recovery {
+  kvt_cache *c;
+  uint8_t *used;
+} recovery;
+
+static void recovered_block(void *arg, uint64_t slot, const kvt_key *key, const kvt_key *parent) {
+  recovery *rv = arg;
+  kvt_cache *c = rv->c;
+  if (slot >= c->cap[KVT__T_DISK] || rv->used[slot] || kvt__index_find(&c->map, key) != KVT__NONE) return;
+  uint32_t e = kvt__index_insert(&c->map, key, parent);
+  if (e == KVT__NONE) return;
+  kvt__index_set_state(&c->map, e, KVT__T_DISK, KVT__VALID, (uint32_t)slot);
+  rv->used[slot] = 1;
+  c->st.disk_recovered++;
+}
+
+static int open_disk(kvt_cache *c) {
+  if (!c->disk_path || c->metadata_only) return 0;
+  const void *bufs[1] = {c->host.base};
+  size_t lens[1] = {c->host.bytes};
+  kvt__disk_cfg dc = {.path = c->disk_path, .slots = c->cap[KVT__T_DISK], .block_tokens = c->bt,
+                      .payload_bytes = c->block_bytes, .ns = c->ns, .queue_depth = c->cfg.disk_queue_depth,
+                      .backend = c->cfg.disk_backend, .reset = c->cfg.disk_reset,
+                      .bufs = bufs, .buf_lens = lens, .n_bufs = c->host.base ? 1 : 0};
+  int rc = kvt__disk_open(&dc, &c->disk);
+  if (rc < 0) return rc;
+  recovery rv = {c, calloc(c->cap[KVT__T_DISK], 1)};
+  if (!rv.used) return -ENOMEM;
+  uint64_t discarded = 0;
+  rc = kvt__disk_recover(c->disk, recovered_block, &rv, &discarded);
+  c->st.disk_discarded = discarded;
+  kvt__slots_rebuild(&c->slots[KVT__T_DISK], rv.used);
+  free(rv.used);
+  return rc;
+}
+
+int kvt_register_layout(kvt_cache *c, const kvt_layout *layout) {
+  if (!c || !layout) return -EINVAL;
+  if (c->layout_ready) return KVT_ESTATE;
+  if (layout->size != sizeof(kvt_layout)) return KVT_EVERSION;
+  if (!layout_ok(layout)) return -EINVAL;
+  c->layout = *layout;
+  c->metadata_only = (layout->flags & KVT_LAYOUT_METADATA_ONLY) != 0;
+  uint32_t nseg = layout->num_layers * layout->segments_per_layer;
+  if (!c->metadata_only) {
+    c->segments = malloc(sizeof *c->segments * nseg);
+    if (!c->segments) return -ENOMEM;
+    memcpy(c->segments, layout->segments, sizeof *c->segments * nseg);
+    for (uint32_t i = 0; i < nseg; i++) c->block_bytes += c->segments[i].bytes;
+    c->record_bytes = kvt__record_bytes(c->bt, c->block_bytes);
+  }
+  c->layout.segments = c->segments;
+  c->cap[KVT__T_DEV] = layout->num_slots;
+  c->cap[KVT__T_HOST] = c->cfg.host_blocks;
+  c->cap[KVT__T_DISK] = c->cfg.disk_path || c->metadata_only ? c->cfg.disk_blocks : 0;
+  compute_namespace(c);
+  int rc = c->metadata_only ? 0 : open_device(c);
+  if (rc == 0) rc = alloc_tables(c);
+  for (uint32_t j = 0; rc == 0 && !c->metadata_only && j < c->cfg.max_jobs; j++)
+    rc = kvt__dev_xfer_prepare(&c->dev, &c->jobs[j].xfer);
+  if (rc == 0 && !c->metadata_only)
+    rc = kvt__host_pool_init(&c->host, &c->dev, c->cap[KVT__T_HOST], c->record_bytes, c->cfg.host_mlock);
+  if (rc == 0) rc = open_disk(c);
+  if (rc < 0) return rc; /* kvt_close frees what was set up */
+  c->st.host_pool_pinned = (uint32_t)c->host.pinned;
+  c->layout_ready = 1;
+  return 0;
+}
+
+int kvt_drain(kvt_cache *c) {
+  if (!c) return -EINVAL;
+  kvt__flush_submits(c);
+  pthread_mutex_lock(&c->lock);
+  while (c->inflight) pthread_cond_wait(&c->cond, &c->lock);
+  pthread_mutex_unlock(&c->lock);
+  return 0;
+}
+
+void kvt_close(kvt_cache *c) {
+  if (!c) return;
+  if (c->jobs) kvt_drain(c);
+  if (c->disk) kvt__disk_close(c->disk);
+  kvt__jobs_fini(c);
+  kvt__host_pool_fini(&c->host, &c->dev);
+  kvt__dev_close(&c->dev);
+  kvt__index_free(&c->map);
+  for (int t = 0; t < KVT__NTIERS; t++) kvt__slots_free(&c->slots[t]);
+  free(c->dev_tokens);
+  free(c->dev_has_tokens);
+  free(c->reqs);
+  free(c->req_free);
+  free(c->refs);
+  free(c->ref_used);
+  free(c->scratch_tiers);
+  free(c->scratch_entries);
+  free(c->segments);
+  free(c->model_fp);
+  free(c->disk_path);
+  if (c->model_fp || c->cfg.size) {
+    pthread_mutex_destroy(&c->lock);
+    pthread_cond_destroy(&c->cond);
+  }
+  free(c);
+}
+
+size_t kvt_block_bytes(const kvt_cache *c) { return c ? c->block_bytes : 0; }
+
+int kvt_namespace(const kvt_cache *c, kvt_key *ns) {
+  if (!c || !ns) return -EINVAL;
+  if (!c->layout_ready) return KVT_ELAYOUT;
+  *ns = c->ns;
+  return 0;
+}
+
+const char *kvt_device_backend_name(const kvt_cache *c) {
+  if (!c || !c->layout_ready) return "none";
+  return c->metadata_only ? "metadata-only" : c->dev.be->name;
+}
+
+const char *kvt_disk_backend_name(const kvt_cache *c) {
+  if (!c || !c->disk) return c && c->metadata_only && c->cap[KVT__T_DISK] ? "metadata-only" : "none";
+  return kvt__disk_backend_name(c->disk);
+}
+
+int kvt_hash_tokens(const kvt_cache *c, const kvt_key *parent, const uint32_t *tokens, size_t n_tokens,
+                    kvt_key *keys, size_t max_keys, size_t *n_keys) {
+  if (!c || (n_tokens && !tokens) || !n_keys) return -EINVAL;
+  if (!c->layout_ready) return KVT_ELAYOUT;
+  size_t n = n_tokens / c->bt;
+  *n_keys = n;
+  if (n > max_keys) return -ENOBUFS;
+  if (n && !keys) return -EINVAL;
+  kvt__chain_keys(parent ? parent : &c->ns, tokens, n, c->bt, keys);
+  return 0;
+}
+
+int kvt_keys_from_opaque(const kvt_cache *c, const void *opaque, size_t key_bytes, size_t n, kvt_key *keys) {
+  if (!c || (n && (!opaque || !keys)) || key_bytes == 0) return -EINVAL;
+  if (!c->layout_ready) return KVT_ELAYOUT;
+  for (size_t i = 0; i < n; i++) keys[i] = kvt__opaque_key(&c->ns, (const char *)opaque + i * key_bytes, key_bytes);
+  return 0;
+}
+
+int kvt_get_stats(kvt_cache *c, kvt_stats *st) {
+  if (!c || !st || st->size < sizeof *st) return -EINVAL;
+  pthread_mutex_lock(&c->lock);
+  *st = c->st;
+  st->resident_device = c->cap[0] - c->slots[0].n_free;
+  st->resident_host = c->cap[1] - c->slots[1].n_free;
+  st->resident_disk = c->cap[2] - c->slots[2].n_free;
+  st->metadata_bytes = kvt__index_bytes(&c->map) + (size_t)c->cfg.max_jobs * c->cfg.max_job_blocks *
+                       (sizeof(kvt__op) + sizeof(uint32_t) + sizeof(void *)) +
+                       (size_t)c->refs_cap * (sizeof(kvt__ref) + 1);
+  pthread_mutex_unlock(&c->lock);
+  st->size = sizeof *st;
+  return 0;
+}
+
+int kvt_set_cost_model(kvt_cache *c, const kvt_model_desc *model, const kvt_hw_desc *hw) {
+  if (!c || !model || !hw) return -EINVAL;
+  if (model->size != sizeof *model || hw->size != sizeof *hw) return KVT_EVERSION;
+  if (!model->num_layers || hw->num_gpus == 0 || hw->flops_per_gpu <= 0 || hw->mfu <= 0) return -EINVAL;
+  pthread_mutex_lock(&c->lock);
+  c->model = *model;
+  c->hw = *hw;
+  kvt__calib_init(&c->calib, model, hw);
+  c->have_cost = 1;
+  pthread_mutex_unlock(&c->lock);
+  return 0;
+}
+
+int kvt_report_prefill(kvt_cache *c, uint64_t from_token, uint64_t to_token, double seconds) {
+  if (!c || to_token <= from_token || !(seconds > 0)) return -EINVAL;
+  pthread_mutex_lock(&c->lock);
+  int rc = c->have_cost ? 0 : KVT_ESTATE;
+  if (rc == 0) kvt__calib_observe_prefill(&c->calib, &c->model, from_token, to_token, seconds);
+  pthread_mutex_unlock(&c->lock);
+  return rc;
+}
+
+int kvt_get_calibrated_hw(kvt_cache *c, kvt_hw_desc *hw) {
+  if (!c || !hw) return -EINVAL;
+  pthread_mutex_lock(&c->lock);
+  int rc = c->have_cost ? 0 : KVT_ESTATE;
+  if (rc == 0) kvt__calib_hw(&c->calib, hw);
+  pthread_mutex_unlock(&c->lock);
+  return rc;
+}

@@ -1,0 +1,140 @@
+/* Engine internals: the cache object, jobs and requests.
+ *
+ * Locking: c->lock guards the tier map, the slot stacks, jobs, requests and
+ * stats. It is held only for bookkeeping; copies and I/O are submitted and
+ * completed outside it. c->cond is broadcast whenever a job finishes or a
+ * slot is freed (waiters: evictions, request waits, drain). */
+#ifndef KVT_ENGINE_ENGINE_H
+#define KVT_ENGINE_ENGINE_H
+
+#include <pthread.h>
+
+#include "core/calib.h"
+#include "core/index.h"
+#include "dev/dev.h"
+#include "kvtier/backend.h"
+#include "store/disk_store.h"
+#include "store/host_pool.h"
+
+enum { KVT__T_DEV = 0, KVT__T_HOST = 1, KVT__T_DISK = 2 };
+
+/* Job kinds: the path they move blocks on. */
+enum { KVT__JOB_STORE = 1, KVT__JOB_LOAD, KVT__JOB_SPILL, KVT__JOB_FETCH };
+
+#define KVT__JF_EVICT 0x1u   /* drop the source copy once the copy landed */
+#define KVT__JF_USER 0x2u    /* an engine handle refers to the job */
+#define KVT__JF_LOAD_AFTER 0x4u /* a request load: FETCH phase, then LOAD */
+
+struct kvt__job;
+
+typedef struct kvt__op {
+  struct kvt__job *jb;
+  uint32_t entry;
+  uint32_t slot[KVT__NTIERS]; /* slots involved, per tier (KVT__NONE if not) */
+  uint32_t ref;       /* request ref index (loads), else KVT__NONE */
+  int status;
+  uint8_t from_disk;  /* request loads: fetched from disk before the load */
+  uint64_t tok_sum;   /* XXH3_64 of the request's tokens, 0 = unknown (fetch verify) */
+} kvt__op;
+
+typedef struct kvt__job {
+  kvt_cache *c;
+  uint32_t index;
+  uint32_t gen;
+  uint8_t kind, busy, done, phase;
+  uint32_t flags;
+  int status;
+  uint32_t n_ops, n_fetch; /* LOAD_AFTER: n_fetch of the ops are fetched first */
+  uint32_t pending;        /* outstanding disk ops of the current phase */
+  uint32_t req;            /* owning request, or KVT__NONE */
+  int64_t t_start;
+  uint64_t bytes;
+  kvt__op *ops;
+  uint32_t *dev_slots;     /* xfer arrays, max_job_blocks each */
+  void **host_blocks;
+  kvt_dev_xfer xfer;
+} kvt__job;
+
+typedef struct kvt__ref {
+  kvt_key key;
+  uint32_t entry; /* entry whose device copy this request pins, or NONE (private slot) */
+  uint32_t slot;  /* device slot */
+  uint8_t tier;   /* restored blocks: the tier it is restored from */
+} kvt__ref;
+
+typedef struct kvt__request {
+  uint32_t gen;
+  uint8_t busy;
+  uint32_t n_blocks, n_extra, n_restore, n_committed;
+  uint32_t job;   /* load job in flight, or KVT__NONE */
+  uint32_t ref0;  /* first ref in c->refs (a contiguous run) */
+} kvt__request;
+
+struct kvt_cache {
+  kvt_config cfg;
+  char *model_fp, *disk_path;
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  int layout_ready, metadata_only;
+  kvt_layout layout;
+  kvt_segment *segments;
+  size_t block_bytes, record_bytes;
+  uint32_t bt; /* block tokens */
+  kvt_key ns;
+
+  kvt__dev dev;
+  kvt__index map;
+  kvt__slots slots[KVT__NTIERS];
+  uint64_t cap[KVT__NTIERS];
+  uint32_t freeing[KVT__NTIERS]; /* slots that in-flight evictions will free */
+  kvt__host_pool host;
+  kvt__disk *disk;
+  uint32_t *dev_tokens;   /* block_tokens ids per device slot */
+  uint8_t *dev_has_tokens;
+
+  kvt__job *jobs;
+  uint32_t *job_free;
+  uint32_t n_job_free, inflight;
+  uint32_t *submitq;       /* jobs started under the lock, submitted after it */
+  uint32_t n_submitq;
+
+  kvt__request *reqs;
+  uint32_t *req_free;
+  uint32_t n_req_free;
+  kvt__ref *refs;          /* ref arena: requests take contiguous runs */
+  uint32_t refs_cap;
+  uint8_t *ref_used;       /* per ref: 1 in use (first-fit over runs) */
+  uint8_t *scratch_tiers;  /* planner scratch, max_job_blocks */
+  uint32_t *scratch_entries; /* commit scratch, max_job_blocks */
+
+  kvt_model_desc model;
+  kvt_hw_desc hw;
+  kvt__calib calib;
+  int have_cost;
+
+  kvt_stats st;
+};
+
+/* jobs.c */
+uint32_t kvt__job_new(kvt_cache *c, int kind, uint32_t flags);
+void kvt__job_free(kvt_cache *c, uint32_t j);
+kvt_job kvt__job_handle(const kvt_cache *c, uint32_t j);
+uint32_t kvt__job_from_handle(const kvt_cache *c, kvt_job h);
+void kvt__job_submit(kvt_cache *c, uint32_t j); /* lock NOT held */
+/* With the lock held: submit j once the lock is dropped (kvt__flush_submits). */
+void kvt__queue_submit(kvt_cache *c, uint32_t j);
+void kvt__flush_submits(kvt_cache *c);           /* lock NOT held */
+int kvt__jobs_init(kvt_cache *c);
+void kvt__jobs_fini(kvt_cache *c);
+
+/* evict.c: called with c->lock held. */
+int kvt__make_room(kvt_cache *c, int tier, uint32_t need, int may_wait);
+void kvt__drop_tier(kvt_cache *c, uint32_t e, int tier);
+void kvt__maybe_remove(kvt_cache *c, uint32_t e);
+uint32_t kvt__start_store(kvt_cache *c, const uint32_t *entries, uint32_t n, uint32_t flags);
+void kvt__fill_record_identity(kvt_cache *c, uint32_t e, uint32_t dev_slot, uint32_t host_slot);
+
+static inline kvt__entry *kvt__E(kvt_cache *c, uint32_t e) { return &c->map.entries[e]; }
+static inline int kvt__has_tier(const kvt_cache *c, int t) { return c->cap[t] > 0; }
+
+#endif

@@ -1,0 +1,170 @@
+/* Eviction: LRU per tier, cascading down. Device victims are demoted to
+ * the host (copied when the host has no copy), host victims to disk,
+ * disk victims are dropped. Pinned blocks are not on the LRU lists, so they
+ * are never chosen. Tail-first order within a chain comes from how blocks
+ * are touched: a request touches its blocks from the last to the first, so
+ * a parent is always more recent than its children. All with c->lock held. */
+#include <errno.h>
+#include <string.h>
+
+#include "engine/engine.h"
+#include "store/record.h"
+
+void kvt__drop_tier(kvt_cache *c, uint32_t e, int tier) {
+  uint32_t slot = kvt__E(c, e)->slot[tier];
+  kvt__index_set_state(&c->map, e, tier, KVT__ABSENT, 0);
+  kvt__slots_put(&c->slots[tier], slot);
+  if (tier == KVT__T_DEV && c->dev_has_tokens) c->dev_has_tokens[slot] = 0;
+}
+
+void kvt__maybe_remove(kvt_cache *c, uint32_t e) {
+  if (kvt__index_unused(&c->map, e)) kvt__index_remove(&c->map, e);
+}
+
+static int lower_tier(const kvt_cache *c, int tier) {
+  /* Device blocks reach the disk only through the host. */
+  if (tier == KVT__T_DEV) return kvt__has_tier(c, KVT__T_HOST) ? KVT__T_HOST : -1;
+  if (tier == KVT__T_HOST) return kvt__has_tier(c, KVT__T_DISK) ? KVT__T_DISK : -1;
+  return -1;
+}
+
+static int held_below(const kvt_cache *c, const kvt__entry *en, int tier) {
+  for (int t = tier + 1; t < KVT__NTIERS; t++)
+    if (en->state[t] == KVT__VALID) return 1;
+  return 0;
+}
+
+static void count_eviction(kvt_cache *c, int tier) {
+  if (tier == KVT__T_DEV) c->st.evictions_device++;
+  else if (tier == KVT__T_HOST) c->st.evictions_host++;
+  else c->st.evictions_disk++;
+}
+
+static int evict_some(kvt_cache *c, int tier, uint32_t want);
+
+/* A free slot in `tier` now, evicting without waiting; KVT__NONE if none. */
+static uint32_t take_slot_nowait(kvt_cache *c, int tier) {
+  uint32_t s = kvt__slots_take(&c->slots[tier]);
+  if (s != KVT__NONE) return s;
+  evict_some(c, tier, 1);
+  return kvt__slots_take(&c->slots[tier]);
+}
+
+/* Starts freeing up to `want` slots of `tier`: drops victims that have a
+ * copy below, demotes the others in one batched job. Returns slots freed
+ * at once; c->freeing[tier] counts those that demotions will free. */
+static int evict_some(kvt_cache *c, int tier, uint32_t want) {
+  int lower = lower_tier(c, tier), freed = 0;
+  uint32_t job = KVT__NONE;
+  uint32_t e = kvt__index_victim(&c->map, tier);
+  while (want > 0 && e != KVT__NONE) {
+    uint32_t newer = kvt__index_newer(&c->map, e, tier);
+    kvt__entry *en = kvt__E(c, e);
+    if (lower < 0 || held_below(c, en, tier)) {
+      kvt__drop_tier(c, e, tier);
+      count_eviction(c, tier);
+      kvt__maybe_remove(c, e);
+      freed++;
+      want--;
+    } else {
+      if (job == KVT__NONE) {
+        job = kvt__job_new(c, tier == KVT__T_DEV ? KVT__JOB_STORE : KVT__JOB_SPILL, KVT__JF_EVICT);
+        if (job == KVT__NONE) break; /* every job busy: wait for one */
+      }
+      kvt__job *jb = &c->jobs[job];
+      if (jb->n_ops == c->cfg.max_job_blocks) break;
+      uint32_t s = take_slot_nowait(c, lower);
+      if (s == KVT__NONE) break; /* the tier below is freeing; wait for it */
+      kvt__op *op = &jb->ops[jb->n_ops++];
+      memset(op, 0, sizeof *op);
+      op->jb = jb;
+      op->entry = e;
+      op->ref = KVT__NONE;
+      for (int t = 0; t < KVT__NTIERS; t++) op->slot[t] = en->slot[t];
+      op->slot[lower] = s;
+      kvt__index_pin(&c->map, e, tier);
+      kvt__index_set_state(&c->map, e, lower, KVT__FILLING, s);
+      c->freeing[tier]++;
+      want--;
+    }
+    e = newer;
+  }
+  if (job != KVT__NONE) {
+    if (c->jobs[job].n_ops == 0) {
+      kvt__job_free(c, job);
+    } else {
+      c->inflight++;
+      c->st.jobs_started++;
+      kvt__queue_submit(c, job);
+    }
+  }
+  return freed;
+}
+
+int kvt__make_room(kvt_cache *c, int tier, uint32_t need, int may_wait) {
+  if (need > c->cap[tier]) return KVT_ENOSPACE;
+  for (;;) {
+    uint32_t have = c->slots[tier].n_free;
+    if (have >= need) return 0;
+    uint32_t coming = c->freeing[tier];
+    if (have + coming < need) evict_some(c, tier, need - have - coming);
+    if (c->slots[tier].n_free >= need) return 0;
+    /* Nothing in flight can free a slot: everything is pinned. */
+    if (c->inflight == 0) return KVT_ENOSPACE;
+    if (!may_wait) return KVT_EAGAIN;
+    if (c->n_submitq) {
+      /* Our demotions must be under way before we wait for them. */
+      pthread_mutex_unlock(&c->lock);
+      kvt__flush_submits(c);
+      pthread_mutex_lock(&c->lock);
+      continue;
+    }
+    pthread_cond_wait(&c->cond, &c->lock);
+  }
+}
+
+void kvt__fill_record_identity(kvt_cache *c, uint32_t e, uint32_t dev_slot, uint32_t host_slot) {
+  void *rec = kvt__host_slot(&c->host, host_slot);
+  kvt__record_hdr *h = rec;
+  const kvt__entry *en = kvt__E(c, e);
+  memset(h, 0, sizeof *h);
+  h->magic = KVT_RECORD_MAGIC;
+  h->version = KVT_RECORD_VERSION;
+  h->ns = c->ns;
+  h->key = en->key;
+  h->parent = en->parent;
+  h->payload_len = c->block_bytes;
+  if (c->dev_has_tokens[dev_slot]) {
+    h->flags |= KVT_RECORD_F_TOKENS;
+    h->token_count = c->bt;
+    memcpy(kvt__record_tokens(rec), c->dev_tokens + (size_t)dev_slot * c->bt, (size_t)c->bt * sizeof(uint32_t));
+  }
+}
+
+/* Copies device-resident entries down to the host in one job (kvt_store,
+ * write-through). Host slots must have been made room for. */
+uint32_t kvt__start_store(kvt_cache *c, const uint32_t *entries, uint32_t n, uint32_t flags) {
+  uint32_t j = kvt__job_new(c, KVT__JOB_STORE, flags);
+  if (j == KVT__NONE) return KVT__NONE;
+  kvt__job *jb = &c->jobs[j];
+  for (uint32_t i = 0; i < n && jb->n_ops < c->cfg.max_job_blocks; i++) {
+    uint32_t e = entries[i];
+    kvt__entry *en = kvt__E(c, e);
+    uint32_t s = kvt__slots_take(&c->slots[KVT__T_HOST]);
+    if (s == KVT__NONE) break;
+    kvt__op *op = &jb->ops[jb->n_ops++];
+    memset(op, 0, sizeof *op);
+    op->jb = jb;
+    op->entry = e;
+    op->ref = KVT__NONE;
+    op->slot[KVT__T_DEV] = en->slot[KVT__T_DEV];
+    op->slot[KVT__T_HOST] = s;
+    op->slot[KVT__T_DISK] = KVT__NONE;
+    kvt__index_pin(&c->map, e, KVT__T_DEV);
+    kvt__index_set_state(&c->map, e, KVT__T_HOST, KVT__FILLING, s);
+    if (flags & KVT__JF_EVICT) c->freeing[KVT__T_DEV]++;
+  }
+  c->inflight++;
+  c->st.jobs_started++;
+  return j;
+}

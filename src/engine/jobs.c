@@ -1,0 +1,383 @@
+/* Jobs: asynchronous transfers between tiers, and what their completion
+ * does to the tier map. Completions arrive on backend threads (the host
+ * copy workers, CUDA's completion thread, the disk reaper) and change the
+ * map only inside short critical sections under c->lock. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "engine/engine.h"
+#include "store/record.h"
+#include "util/clock.h"
+
+int kvt__jobs_init(kvt_cache *c) {
+  uint32_t n = c->cfg.max_jobs, m = c->cfg.max_job_blocks;
+  c->jobs = calloc(n, sizeof *c->jobs);
+  c->job_free = calloc(n, sizeof *c->job_free);
+  c->submitq = calloc(n, sizeof *c->submitq);
+  if (!c->jobs || !c->job_free || !c->submitq) return -ENOMEM;
+  for (uint32_t j = 0; j < n; j++) {
+    kvt__job *jb = &c->jobs[j];
+    jb->ops = calloc(m, sizeof *jb->ops);
+    jb->dev_slots = calloc(m, sizeof *jb->dev_slots);
+    jb->host_blocks = calloc(m, sizeof *jb->host_blocks);
+    if (!jb->ops || !jb->dev_slots || !jb->host_blocks) return -ENOMEM;
+    jb->xfer.engine_data = jb;
+    jb->c = c;
+    jb->index = j;
+    jb->req = KVT__NONE;
+    c->job_free[c->n_job_free++] = n - 1 - j;
+  }
+  return 0;
+}
+
+void kvt__jobs_fini(kvt_cache *c) {
+  if (!c->jobs) return;
+  for (uint32_t j = 0; j < c->cfg.max_jobs; j++) {
+    if (c->jobs[j].xfer.backend_data) kvt__dev_xfer_release(&c->dev, &c->jobs[j].xfer);
+    free(c->jobs[j].ops);
+    free(c->jobs[j].dev_slots);
+    free(c->jobs[j].host_blocks);
+  }
+  free(c->jobs);
+  free(c->job_free);
+  free(c->submitq);
+  c->jobs = NULL;
+}
+
+uint32_t kvt__job_new(kvt_cache *c, int kind, uint32_t flags) {
+  if (!c->n_job_free) return KVT__NONE;
+  uint32_t j = c->job_free[--c->n_job_free];
+  kvt__job *jb = &c->jobs[j];
+  jb->gen++;
+  jb->kind = (uint8_t)kind;
+  jb->busy = 1;
+  jb->done = 0;
+  jb->phase = 0;
+  jb->flags = flags;
+  jb->status = 0;
+  jb->n_ops = jb->n_fetch = jb->pending = 0;
+  jb->req = KVT__NONE;
+  jb->bytes = 0;
+  return j;
+}
+
+void kvt__job_free(kvt_cache *c, uint32_t j) {
+  c->jobs[j].busy = 0;
+  c->job_free[c->n_job_free++] = j;
+}
+
+kvt_job kvt__job_handle(const kvt_cache *c, uint32_t j) {
+  return ((uint64_t)c->jobs[j].gen << 32) | (j + 1);
+}
+
+uint32_t kvt__job_from_handle(const kvt_cache *c, kvt_job h) {
+  uint32_t j = (uint32_t)h - 1;
+  if ((uint32_t)h == 0 || j >= c->cfg.max_jobs) return KVT__NONE;
+  const kvt__job *jb = &c->jobs[j];
+  if (!jb->busy || jb->gen != (uint32_t)(h >> 32) || !(jb->flags & KVT__JF_USER)) return KVT__NONE;
+  return j;
+}
+
+/* ---- completion effects (c->lock held) ---- */
+
+static kvt__ref *op_ref(kvt_cache *c, const kvt__job *jb, const kvt__op *op) {
+  if (jb->req == KVT__NONE || op->ref == KVT__NONE) return NULL;
+  return &c->refs[c->reqs[jb->req].ref0 + op->ref];
+}
+
+/* The request gives up its claim on the entry; its slot becomes private. */
+static void ref_go_private(kvt_cache *c, kvt__job *jb, kvt__op *op) {
+  kvt__ref *r = op_ref(c, jb, op);
+  if (r && r->entry == op->entry) {
+    kvt__index_unpin(&c->map, op->entry, KVT__T_DEV);
+    r->entry = KVT__NONE;
+  }
+}
+
+static void store_done(kvt_cache *c, kvt__job *jb, kvt__op *op) {
+  uint32_t e = op->entry;
+  kvt__index_unpin(&c->map, e, KVT__T_DEV);
+  if (op->status == 0) {
+    kvt__index_set_state(&c->map, e, KVT__T_HOST, KVT__VALID, op->slot[KVT__T_HOST]);
+    c->st.blocks_d2h++;
+    c->st.bytes_d2h += c->block_bytes;
+  } else {
+    kvt__index_set_state(&c->map, e, KVT__T_HOST, KVT__ABSENT, 0);
+    kvt__slots_put(&c->slots[KVT__T_HOST], op->slot[KVT__T_HOST]);
+    c->st.copy_errors++;
+  }
+  if (jb->flags & KVT__JF_EVICT) {
+    kvt__entry *en = kvt__E(c, e);
+    c->freeing[KVT__T_DEV]--;
+    if (op->status == 0 && en->pins[KVT__T_DEV] == 0 && en->state[KVT__T_DEV] == KVT__VALID) {
+      kvt__drop_tier(c, e, KVT__T_DEV);
+      c->st.evictions_device++;
+    }
+  }
+}
+
+static void load_done(kvt_cache *c, kvt__job *jb, kvt__op *op) {
+  uint32_t e = op->entry;
+  kvt__index_unpin(&c->map, e, KVT__T_HOST);
+  if (op->status == 0) {
+    kvt__index_set_state(&c->map, e, KVT__T_DEV, KVT__VALID, op->slot[KVT__T_DEV]);
+    if (!c->metadata_only) { /* the device copy keeps its tokens for later stores */
+      void *rec = kvt__host_slot(&c->host, op->slot[KVT__T_HOST]);
+      uint32_t ds = op->slot[KVT__T_DEV];
+      c->dev_has_tokens[ds] = (((kvt__record_hdr *)rec)->flags & KVT_RECORD_F_TOKENS) != 0;
+      if (c->dev_has_tokens[ds])
+        memcpy(c->dev_tokens + (size_t)ds * c->bt, kvt__record_tokens(rec), (size_t)c->bt * sizeof(uint32_t));
+    }
+    c->st.blocks_h2d++;
+    c->st.bytes_h2d += c->block_bytes;
+  } else {
+    kvt__index_set_state(&c->map, e, KVT__T_DEV, KVT__ABSENT, 0);
+    ref_go_private(c, jb, op);
+    c->st.copy_errors++;
+  }
+}
+
+static void spill_done(kvt_cache *c, kvt__job *jb, kvt__op *op) {
+  uint32_t e = op->entry;
+  kvt__index_unpin(&c->map, e, KVT__T_HOST);
+  if (op->status == 0) {
+    kvt__index_set_state(&c->map, e, KVT__T_DISK, KVT__VALID, op->slot[KVT__T_DISK]);
+    c->st.blocks_h2disk++;
+    c->st.bytes_h2disk += c->block_bytes;
+  } else {
+    kvt__index_set_state(&c->map, e, KVT__T_DISK, KVT__ABSENT, 0);
+    kvt__slots_put(&c->slots[KVT__T_DISK], op->slot[KVT__T_DISK]);
+    c->st.io_errors++;
+  }
+  if (jb->flags & KVT__JF_EVICT) {
+    kvt__entry *en = kvt__E(c, e);
+    c->freeing[KVT__T_HOST]--;
+    /* A failed spill still frees the host slot: the block is then dropped. */
+    if (en->pins[KVT__T_HOST] == 0 && en->state[KVT__T_HOST] == KVT__VALID) {
+      kvt__drop_tier(c, e, KVT__T_HOST);
+      c->st.evictions_host++;
+      kvt__maybe_remove(c, e);
+    }
+  }
+}
+
+/* Verifies a fetched record against the request's tokens (exactness). */
+static int fetch_verify(kvt_cache *c, const kvt__op *op) {
+  if (!op->tok_sum || c->metadata_only) return 0;
+  void *rec = kvt__host_slot(&c->host, op->slot[KVT__T_HOST]);
+  const kvt__record_hdr *h = rec;
+  if (!(h->flags & KVT_RECORD_F_TOKENS)) return 0;
+  uint64_t sum = XXH3_64bits(kvt__record_tokens(rec), (size_t)c->bt * sizeof(uint32_t));
+  return sum == op->tok_sum ? 0 : KVT_EMISMATCH;
+}
+
+static void fetch_done(kvt_cache *c, kvt__job *jb, kvt__op *op) {
+  uint32_t e = op->entry;
+  if (op->status == 0) op->status = fetch_verify(c, op);
+  kvt__index_unpin(&c->map, e, KVT__T_DISK);
+  if (op->status == 0) {
+    kvt__index_set_state(&c->map, e, KVT__T_HOST, KVT__VALID, op->slot[KVT__T_HOST]);
+    c->st.blocks_disk2h++;
+    c->st.bytes_disk2h += c->block_bytes;
+    return;
+  }
+  kvt__index_set_state(&c->map, e, KVT__T_HOST, KVT__ABSENT, 0);
+  kvt__slots_put(&c->slots[KVT__T_HOST], op->slot[KVT__T_HOST]);
+  if (jb->flags & KVT__JF_LOAD_AFTER) kvt__index_unpin(&c->map, e, KVT__T_HOST);
+  kvt__entry *en = kvt__E(c, e);
+  if (op->status == KVT_ECORRUPT || op->status == KVT_EMISMATCH) {
+    /* Never trust that record again: drop the disk copy. */
+    if (op->status == KVT_ECORRUPT) c->st.checksum_failures++;
+    else c->st.verify_mismatches++;
+    if (en->state[KVT__T_DISK] == KVT__VALID && en->pins[KVT__T_DISK] == 0) kvt__drop_tier(c, e, KVT__T_DISK);
+  } else {
+    c->st.io_errors++;
+  }
+  if (!(jb->flags & KVT__JF_LOAD_AFTER)) kvt__maybe_remove(c, e);
+}
+
+/* After the fetch phase of a request load: loads go ahead for the leading
+ * blocks now on the host; from the first failure on the request
+ * recomputes, so the rest of its loads are cancelled. Returns ops kept. */
+static uint32_t cut_loads_at_first_failure(kvt_cache *c, kvt__job *jb) {
+  uint32_t keep = jb->n_ops;
+  for (uint32_t i = 0; i < jb->n_ops; i++)
+    if (jb->ops[i].status != 0) {
+      keep = i;
+      break;
+    }
+  for (uint32_t i = keep; i < jb->n_ops; i++) {
+    kvt__op *op = &jb->ops[i];
+    if (op->status == 0) kvt__index_unpin(&c->map, op->entry, KVT__T_HOST);
+    kvt__index_set_state(&c->map, op->entry, KVT__T_DEV, KVT__ABSENT, 0);
+    ref_go_private(c, jb, op);
+    kvt__maybe_remove(c, op->entry);
+  }
+  if (keep < jb->n_ops && !jb->status) jb->status = jb->ops[keep].status;
+  jb->n_ops = keep;
+  return keep;
+}
+
+static void observe(kvt_cache *c, kvt__job *jb, int path, uint64_t bytes) {
+  double s = (double)(kvt__now_ns() - jb->t_start) * 1e-9;
+  if (c->have_cost && bytes) kvt__calib_observe_transfer(&c->calib, path, bytes, 1, s);
+}
+
+/* Write-through: blocks that just reached the host go on to disk. */
+static uint32_t write_through(kvt_cache *c, kvt__job *jb) {
+  if (c->cfg.write_policy != KVT_WRITE_THROUGH || !kvt__has_tier(c, KVT__T_DISK) || jb->kind != KVT__JOB_STORE)
+    return KVT__NONE;
+  uint32_t j = KVT__NONE;
+  for (uint32_t i = 0; i < jb->n_ops; i++) {
+    uint32_t e = jb->ops[i].entry;
+    kvt__entry *en = kvt__E(c, e);
+    if (jb->ops[i].status || en->state[KVT__T_HOST] != KVT__VALID || en->state[KVT__T_DISK] != KVT__ABSENT) continue;
+    if (kvt__make_room(c, KVT__T_DISK, 1, 0) != 0) break;
+    if (j == KVT__NONE && (j = kvt__job_new(c, KVT__JOB_SPILL, 0)) == KVT__NONE) break;
+    uint32_t ds = kvt__slots_take(&c->slots[KVT__T_DISK]);
+    kvt__op *op = &c->jobs[j].ops[c->jobs[j].n_ops++];
+    memset(op, 0, sizeof *op);
+    op->entry = e;
+    op->ref = KVT__NONE;
+    op->slot[KVT__T_DEV] = KVT__NONE;
+    op->slot[KVT__T_HOST] = en->slot[KVT__T_HOST];
+    op->slot[KVT__T_DISK] = ds;
+    kvt__index_pin(&c->map, e, KVT__T_HOST);
+    kvt__index_set_state(&c->map, e, KVT__T_DISK, KVT__FILLING, ds);
+  }
+  return j;
+}
+
+static void finish_job(kvt_cache *c, kvt__job *jb) {
+  if (jb->status) c->st.jobs_failed++;
+  jb->done = 1;
+  c->inflight--;
+  if (!(jb->flags & KVT__JF_USER) && jb->req == KVT__NONE) kvt__job_free(c, jb->index);
+}
+
+/* ---- submission (c->lock NOT held) ---- */
+
+static void disk_op_done(void *arg, int status);
+
+/* A device transfer of every op of jb (STORE, LOAD, or phase 2 of a load). */
+static int submit_dev(kvt_cache *c, kvt__job *jb) {
+  int src_tier = jb->kind == KVT__JOB_STORE ? KVT__T_DEV : KVT__T_HOST;
+  for (uint32_t i = 0; i < jb->n_ops; i++) {
+    const kvt__op *op = &jb->ops[i];
+    jb->dev_slots[i] = op->slot[KVT__T_DEV];
+    void *rec = kvt__host_slot(&c->host, op->slot[KVT__T_HOST]);
+    if (src_tier == KVT__T_DEV && !c->metadata_only) kvt__fill_record_identity(c, op->entry, op->slot[KVT__T_DEV], op->slot[KVT__T_HOST]);
+    jb->host_blocks[i] = c->metadata_only ? NULL : kvt__record_payload(rec, c->bt);
+  }
+  jb->xfer.dir = jb->kind == KVT__JOB_STORE ? KVT_XFER_D2H : KVT_XFER_H2D;
+  jb->xfer.n_blocks = jb->n_ops;
+  jb->xfer.dev_slots = jb->dev_slots;
+  jb->xfer.host_blocks = jb->host_blocks;
+  if (c->metadata_only) return 1; /* nothing moves: complete at once */
+  return kvt__dev_submit(&c->dev, &jb->xfer);
+}
+
+static void dev_done(kvt_dev_xfer *x, int status);
+
+static void submit_disk_ops(kvt_cache *c, kvt__job *jb) {
+  int write = jb->kind == KVT__JOB_SPILL, load = jb->kind == KVT__JOB_LOAD;
+  uint32_t n = 0, n_ops = jb->n_ops, sent = 0;
+  for (uint32_t i = 0; i < n_ops; i++) n += (!load || jb->ops[i].from_disk);
+  pthread_mutex_lock(&c->lock);
+  jb->pending = n;
+  pthread_mutex_unlock(&c->lock);
+  /* The job may finish (and be reused) as the last op completes: stop
+   * touching it once every op has been handed over. */
+  for (uint32_t i = 0; i < n_ops && sent < n; i++) {
+    kvt__op *op = &jb->ops[i];
+    if (load && !op->from_disk) continue;
+    sent++;
+    void *rec = kvt__host_slot(&c->host, op->slot[KVT__T_HOST]);
+    int rc;
+    if (c->metadata_only) rc = 1;
+    else if (write) rc = kvt__disk_write(c->disk, op->slot[KVT__T_DISK], rec, disk_op_done, op);
+    else rc = kvt__disk_read(c->disk, op->slot[KVT__T_DISK], rec, &kvt__E(c, op->entry)->key, disk_op_done, op);
+    if (rc != 0) disk_op_done(op, rc > 0 ? 0 : rc);
+  }
+}
+
+/* Submits a job's current phase. */
+void kvt__job_submit(kvt_cache *c, uint32_t j) {
+  kvt__job *jb = &c->jobs[j];
+  jb->t_start = kvt__now_ns();
+  jb->bytes = (uint64_t)jb->n_ops * c->block_bytes;
+  if (jb->kind == KVT__JOB_SPILL || jb->kind == KVT__JOB_FETCH || (jb->kind == KVT__JOB_LOAD && jb->phase == 1)) {
+    submit_disk_ops(c, jb);
+    return;
+  }
+  jb->xfer.done = dev_done;
+  int rc = submit_dev(c, jb);
+  if (rc != 0) dev_done(&jb->xfer, rc > 0 ? 0 : rc);
+}
+
+void kvt__queue_submit(kvt_cache *c, uint32_t j) { c->submitq[c->n_submitq++] = j; }
+
+void kvt__flush_submits(kvt_cache *c) {
+  for (;;) {
+    pthread_mutex_lock(&c->lock);
+    uint32_t j = c->n_submitq ? c->submitq[--c->n_submitq] : KVT__NONE;
+    pthread_mutex_unlock(&c->lock);
+    if (j == KVT__NONE) return;
+    kvt__job_submit(c, j);
+  }
+}
+
+/* ---- completion entry points (backend threads) ---- */
+
+static void dev_done(kvt_dev_xfer *x, int status) {
+  kvt__job *jb = x->engine_data;
+  kvt_cache *c = jb->c;
+  pthread_mutex_lock(&c->lock);
+  for (uint32_t i = 0; i < jb->n_ops; i++) {
+    kvt__op *op = &jb->ops[i];
+    op->status = status;
+    if (jb->kind == KVT__JOB_STORE) store_done(c, jb, op);
+    else load_done(c, jb, op);
+  }
+  if (status && !jb->status) jb->status = status;
+  observe(c, jb, 0, jb->bytes);
+  uint32_t next = write_through(c, jb);
+  if (next != KVT__NONE) c->inflight++;
+  finish_job(c, jb);
+  pthread_cond_broadcast(&c->cond);
+  pthread_mutex_unlock(&c->lock);
+  if (next != KVT__NONE) kvt__job_submit(c, next);
+}
+
+static void disk_op_done(void *arg, int status) {
+  kvt__op *op = arg;
+  kvt__job *jb = op->jb;
+  kvt_cache *c = jb->c;
+  int load_next = 0;
+  pthread_mutex_lock(&c->lock);
+  op->status = status;
+  if (jb->kind == KVT__JOB_SPILL) spill_done(c, jb, op);
+  else fetch_done(c, jb, op);
+  if (op->status && !jb->status && jb->kind != KVT__JOB_LOAD) jb->status = op->status;
+  if (--jb->pending == 0) {
+    uint64_t n = jb->kind == KVT__JOB_LOAD ? jb->n_fetch : jb->n_ops;
+    observe(c, jb, 1, n * c->block_bytes);
+    if (jb->kind == KVT__JOB_LOAD) {
+      if (cut_loads_at_first_failure(c, jb) > 0) {
+        jb->phase = 2;
+        load_next = 1;
+      } else {
+        finish_job(c, jb);
+      }
+    } else {
+      finish_job(c, jb);
+    }
+  }
+  pthread_cond_broadcast(&c->cond);
+  pthread_mutex_unlock(&c->lock);
+  if (load_next) kvt__job_submit(c, jb->index);
+}

@@ -1,0 +1,471 @@
+/* The read path: lookup, plan, acquire (pin hits, schedule restores, hand
+ * out fresh slots), request progress, commit and release. */
+#include <errno.h>
+#include <string.h>
+#include <time.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "core/hash.h"
+#include "engine/engine.h"
+#include "store/record.h"
+#include "util/clock.h"
+
+#define KVT__REQ_CHECK(c)                      \
+  do {                                         \
+    if (!(c)) return -EINVAL;                  \
+    if (!(c)->layout_ready) return KVT_ELAYOUT; \
+  } while (0)
+
+static const kvt_key *parent_of(const kvt_cache *c, const kvt_key *keys, size_t i) {
+  return i ? &keys[i - 1] : &c->ns;
+}
+
+/* Fastest tier holding a valid copy, or -1. */
+static int fastest_valid(const kvt__entry *en) {
+  for (int t = 0; t < KVT__NTIERS; t++)
+    if (en->state[t] == KVT__VALID) return t;
+  return -1;
+}
+
+/* Lookup under the lock; tiers may be NULL. Returns the prefix length. */
+static uint32_t lookup_locked(kvt_cache *c, const kvt_key *keys, size_t n, kvt_lookup_result *res,
+                              uint8_t *tiers) {
+  uint32_t cnt[KVT__NTIERS] = {0, 0, 0}, i = 0;
+  kvt__index_prefetch(&c->map, keys, n < 64 ? n : 64);
+  for (; i < n; i++) {
+    if (i + 64 < n) kvt__index_prefetch(&c->map, &keys[i + 64], 1);
+    uint32_t e = kvt__index_find(&c->map, &keys[i]);
+    if (e == KVT__NONE) break;
+    const kvt__entry *en = kvt__E(c, e);
+    int t = fastest_valid(en);
+    if (t < 0 || !kvt__key_eq(&en->parent, parent_of(c, keys, i))) break;
+    cnt[t]++;
+    if (tiers) tiers[i] = (uint8_t)t;
+  }
+  if (tiers)
+    for (size_t k = i; k < n; k++) tiers[k] = KVT_TIER_NONE;
+  if (res) {
+    res->n_blocks = (uint32_t)n;
+    res->n_prefix = i;
+    res->n_device = cnt[0];
+    res->n_host = cnt[1];
+    res->n_disk = cnt[2];
+  }
+  c->st.lookups++;
+  c->st.lookup_blocks += n;
+  return i;
+}
+
+int kvt_lookup(kvt_cache *c, const kvt_key *keys, size_t n, kvt_lookup_result *res, uint8_t *tier_of_block) {
+  KVT__REQ_CHECK(c);
+  if ((n && !keys) || !res || res->size < sizeof *res || n > UINT32_MAX) return -EINVAL;
+  pthread_mutex_lock(&c->lock);
+  lookup_locked(c, keys, n, res, tier_of_block);
+  pthread_mutex_unlock(&c->lock);
+  return 0;
+}
+
+int kvt_plan_request(kvt_cache *c, const kvt_key *keys, size_t n_blocks, size_t n_tokens, kvt_plan *plan) {
+  KVT__REQ_CHECK(c);
+  if ((n_blocks && !keys) || !plan || plan->size < sizeof *plan) return -EINVAL;
+  if (n_blocks > (size_t)n_tokens / c->bt) return -EINVAL;
+  if (n_blocks > c->cfg.max_job_blocks) return -E2BIG;
+  pthread_mutex_lock(&c->lock);
+  if (!c->have_cost) {
+    pthread_mutex_unlock(&c->lock);
+    return KVT_ESTATE;
+  }
+  uint32_t prefix = lookup_locked(c, keys, n_blocks, NULL, c->scratch_tiers);
+  kvt_hw_desc hw;
+  kvt__calib_hw(&c->calib, &hw);
+  uint32_t size = plan->size;
+  int rc = kvt_cost_plan(&c->model, &hw, c->bt, n_tokens, prefix, c->scratch_tiers, plan);
+  plan->size = size;
+  pthread_mutex_unlock(&c->lock);
+  return rc;
+}
+
+/* ---- requests ---- */
+
+static uint32_t req_from_handle(const kvt_cache *c, kvt_req h) {
+  uint32_t r = (uint32_t)h - 1;
+  if ((uint32_t)h == 0 || r >= c->cfg.max_requests) return KVT__NONE;
+  const kvt__request *rq = &c->reqs[r];
+  return rq->busy && rq->gen == (uint32_t)(h >> 32) ? r : KVT__NONE;
+}
+
+/* First fit over the ref arena; runs are contiguous so a request's refs
+ * index like an array. */
+static uint32_t refs_alloc(kvt_cache *c, uint32_t n) {
+  uint32_t run = 0;
+  for (uint32_t i = 0; i < c->refs_cap; i++) {
+    run = c->ref_used[i] ? 0 : run + 1;
+    if (run == n) {
+      uint32_t first = i + 1 - n;
+      memset(c->ref_used + first, 1, n);
+      return first;
+    }
+  }
+  return n == 0 ? 0 : KVT__NONE;
+}
+
+static int tokens_match(kvt_cache *c, const kvt__entry *en, int tier, const uint32_t *tok) {
+  if (!tok || c->metadata_only) return 1;
+  size_t bytes = (size_t)c->bt * sizeof(uint32_t);
+  if (tier == KVT__T_DEV) {
+    uint32_t s = en->slot[KVT__T_DEV];
+    return !c->dev_has_tokens[s] || memcmp(c->dev_tokens + (size_t)s * c->bt, tok, bytes) == 0;
+  }
+  if (tier == KVT__T_HOST) {
+    void *rec = kvt__host_slot(&c->host, en->slot[KVT__T_HOST]);
+    const kvt__record_hdr *h = rec;
+    return !(h->flags & KVT_RECORD_F_TOKENS) || memcmp(kvt__record_tokens(rec), tok, bytes) == 0;
+  }
+  return 1; /* disk: verified by checksum of the tokens once fetched */
+}
+
+typedef struct scan_result {
+  uint32_t n, per_tier[KVT__NTIERS];
+  int must_wait;
+} scan_result;
+
+/* Pins the restorable prefix in its fastest tier, noting entry and tier in
+ * the request's refs (which survive the waits of make_room). */
+static void scan_prefix(kvt_cache *c, const kvt_key *keys, const uint32_t *tokens, size_t restore,
+                        kvt__ref *refs, scan_result *sr) {
+  memset(sr, 0, sizeof *sr);
+  for (size_t i = 0; i < restore; i++) {
+    uint32_t e = kvt__index_find(&c->map, &keys[i]);
+    if (e == KVT__NONE) break;
+    kvt__entry *en = kvt__E(c, e);
+    if (!kvt__key_eq(&en->parent, parent_of(c, keys, i))) break;
+    int t = fastest_valid(en);
+    if (t < 0) {
+      /* Being filled somewhere (a prefetch, a load for another request): wait for it. */
+      for (int k = 0; k < KVT__NTIERS; k++) sr->must_wait |= en->state[k] == KVT__FILLING;
+      break;
+    }
+    if (!tokens_match(c, en, t, tokens ? tokens + i * c->bt : NULL)) {
+      c->st.verify_mismatches++;
+      break;
+    }
+    kvt__index_pin(&c->map, e, t);
+    refs[i].entry = e;
+    refs[i].tier = (uint8_t)t;
+    sr->per_tier[t]++;
+    sr->n++;
+  }
+}
+
+static void unpin_prefix(kvt_cache *c, const kvt__ref *refs, uint32_t n) {
+  for (uint32_t i = n; i-- > 0;) kvt__index_unpin(&c->map, refs[i].entry, refs[i].tier);
+}
+
+static void refs_free(kvt_cache *c, uint32_t ref0, uint32_t n) { memset(c->ref_used + ref0, 0, n); }
+
+static void set_dev_tokens(kvt_cache *c, uint32_t slot, const uint32_t *tok) {
+  if (c->metadata_only) return;
+  c->dev_has_tokens[slot] = tok != NULL;
+  if (tok) memcpy(c->dev_tokens + (size_t)slot * c->bt, tok, (size_t)c->bt * sizeof(uint32_t));
+}
+
+/* Builds the request's refs and its load job (lock held, room made). */
+static void fill_request(kvt_cache *c, kvt__request *rq, uint32_t job, const kvt_key *keys,
+                         const uint32_t *tokens, uint32_t *slots) {
+  uint32_t total = rq->n_blocks + rq->n_extra;
+  kvt__job *jb = job == KVT__NONE ? NULL : &c->jobs[job];
+  for (uint32_t i = 0; i < total; i++) {
+    kvt__ref *r = &c->refs[rq->ref0 + i];
+    const uint32_t *tok = tokens && i < rq->n_blocks ? tokens + (size_t)i * c->bt : NULL;
+    if (i >= rq->n_restore) { /* fresh slot for the engine to compute into */
+      memset(r, 0, sizeof *r);
+      r->entry = KVT__NONE;
+      if (i < rq->n_blocks) r->key = keys[i];
+      r->slot = slots[i] = kvt__slots_take(&c->slots[KVT__T_DEV]);
+      set_dev_tokens(c, r->slot, tok);
+      continue;
+    }
+    r->key = keys[i];
+    kvt__entry *en = kvt__E(c, r->entry);
+    if (r->tier == KVT__T_DEV) {
+      r->slot = slots[i] = en->slot[KVT__T_DEV];
+      continue;
+    }
+    r->slot = slots[i] = kvt__slots_take(&c->slots[KVT__T_DEV]);
+    kvt__op *op = &jb->ops[jb->n_ops++];
+    memset(op, 0, sizeof *op);
+    op->jb = jb;
+    op->entry = r->entry;
+    op->ref = i;
+    op->slot[KVT__T_DEV] = r->slot;
+    op->slot[KVT__T_DISK] = KVT__NONE;
+    if (r->tier == KVT__T_HOST) {
+      op->slot[KVT__T_HOST] = en->slot[KVT__T_HOST];
+    } else { /* disk: stage through a host slot, kept pinned for the load */
+      uint32_t hs = kvt__slots_take(&c->slots[KVT__T_HOST]);
+      op->slot[KVT__T_HOST] = hs;
+      op->slot[KVT__T_DISK] = en->slot[KVT__T_DISK];
+      op->from_disk = 1;
+      op->tok_sum = tok ? XXH3_64bits(tok, (size_t)c->bt * sizeof(uint32_t)) : 0;
+      kvt__index_set_state(&c->map, r->entry, KVT__T_HOST, KVT__FILLING, hs);
+      kvt__index_pin(&c->map, r->entry, KVT__T_HOST);
+      jb->n_fetch++;
+    }
+    kvt__index_set_state(&c->map, r->entry, KVT__T_DEV, KVT__FILLING, r->slot);
+    kvt__index_pin(&c->map, r->entry, KVT__T_DEV);
+    if (c->dev_has_tokens) c->dev_has_tokens[r->slot] = 0; /* set from the record on landing */
+  }
+}
+
+static int acquire_args_ok(const kvt_cache *c, const kvt_key *keys, size_t n_blocks, size_t restore,
+                           size_t extra, const kvt_req *req, const uint32_t *slots,
+                           const kvt_acquire_info *info) {
+  if ((n_blocks && !keys) || !req || !slots || restore > n_blocks) return 0;
+  if (info && info->size < sizeof *info) return 0;
+  return n_blocks + extra > 0;
+}
+
+int kvt_acquire(kvt_cache *c, const kvt_key *keys, const uint32_t *tokens, size_t n_blocks, size_t restore,
+                size_t extra_slots, uint32_t flags, kvt_req *req, uint32_t *slots, kvt_acquire_info *info) {
+  KVT__REQ_CHECK(c);
+  if (!acquire_args_ok(c, keys, n_blocks, restore, extra_slots, req, slots, info)) return -EINVAL;
+  if (n_blocks + extra_slots > c->cap[KVT__T_DEV] || n_blocks + extra_slots > c->cfg.max_job_blocks) return -E2BIG;
+  int may_wait = !(flags & KVT_ACQUIRE_NOWAIT), rc = 0;
+  uint32_t total = (uint32_t)(n_blocks + extra_slots), job = KVT__NONE, ref0;
+  scan_result sr;
+  pthread_mutex_lock(&c->lock);
+  if (c->n_req_free == 0 || (ref0 = refs_alloc(c, total)) == KVT__NONE) {
+    pthread_mutex_unlock(&c->lock);
+    return KVT_ENOSPACE;
+  }
+  kvt__ref *refs = &c->refs[ref0];
+  for (;;) {
+    scan_prefix(c, keys, tokens, restore, refs, &sr);
+    if (!sr.must_wait) break;
+    unpin_prefix(c, refs, sr.n);
+    if (!may_wait) {
+      refs_free(c, ref0, total);
+      pthread_mutex_unlock(&c->lock);
+      return KVT_EAGAIN;
+    }
+    pthread_cond_wait(&c->cond, &c->lock);
+  }
+  uint32_t n_copy = sr.n - sr.per_tier[KVT__T_DEV];
+  if (n_copy && (job = kvt__job_new(c, KVT__JOB_LOAD, 0)) == KVT__NONE) rc = may_wait ? KVT_ENOSPACE : KVT_EAGAIN;
+  else if ((rc = kvt__make_room(c, KVT__T_HOST, sr.per_tier[KVT__T_DISK], may_wait)) == 0)
+    rc = kvt__make_room(c, KVT__T_DEV, total - sr.per_tier[KVT__T_DEV], may_wait);
+  /* make_room may have waited; the prefix stayed pinned, but a demotion
+   * may have taken the host slots meant for the disk blocks. */
+  if (rc == 0 && c->slots[KVT__T_HOST].n_free < sr.per_tier[KVT__T_DISK]) rc = may_wait ? KVT_ENOSPACE : KVT_EAGAIN;
+  if (rc == 0 && c->n_req_free == 0) rc = KVT_ENOSPACE;
+  if (rc != 0) {
+    unpin_prefix(c, refs, sr.n);
+    refs_free(c, ref0, total);
+    if (job != KVT__NONE) kvt__job_free(c, job);
+    pthread_mutex_unlock(&c->lock);
+    kvt__flush_submits(c);
+    return rc;
+  }
+  uint32_t r = c->req_free[--c->n_req_free];
+  kvt__request *rq = &c->reqs[r];
+  rq->gen++;
+  rq->busy = 1;
+  rq->n_blocks = (uint32_t)n_blocks;
+  rq->n_extra = (uint32_t)extra_slots;
+  rq->n_restore = sr.n;
+  rq->n_committed = 0;
+  rq->ref0 = ref0;
+  rq->job = job;
+  fill_request(c, rq, job, keys, tokens, slots);
+  if (job != KVT__NONE) {
+    kvt__job *jb = &c->jobs[job];
+    jb->req = r;
+    jb->phase = jb->n_fetch ? 1 : 2;
+    if (jb->n_fetch) jb->flags |= KVT__JF_LOAD_AFTER;
+    c->inflight++;
+    c->st.jobs_started++;
+  }
+  c->st.acquires++;
+  c->st.hits_device += sr.per_tier[KVT__T_DEV];
+  c->st.hits_host += sr.per_tier[KVT__T_HOST];
+  c->st.hits_disk += sr.per_tier[KVT__T_DISK];
+  c->st.misses += n_blocks - sr.n;
+  *req = ((uint64_t)rq->gen << 32) | (r + 1);
+  if (info) {
+    info->n_restore = sr.n;
+    info->n_device_hits = sr.per_tier[KVT__T_DEV];
+    info->n_loading = n_copy;
+    info->n_from_disk = sr.per_tier[KVT__T_DISK];
+  }
+  pthread_mutex_unlock(&c->lock);
+  kvt__flush_submits(c);
+  if (job == KVT__NONE) return 0;
+  kvt__job_submit(c, job);
+  return 1;
+}
+
+/* Leading restored blocks whose device copy is valid (lock held, loads done). */
+static uint32_t ready_prefix(kvt_cache *c, const kvt__request *rq) {
+  uint32_t i = 0;
+  for (; i < rq->n_restore; i++) {
+    const kvt__ref *r = &c->refs[rq->ref0 + i];
+    if (r->entry == KVT__NONE) break;
+    const kvt__entry *en = kvt__E(c, r->entry);
+    if (en->state[KVT__T_DEV] != KVT__VALID || en->slot[KVT__T_DEV] != r->slot) break;
+  }
+  return i;
+}
+
+static int loading(const kvt_cache *c, const kvt__request *rq) {
+  return rq->job != KVT__NONE && !c->jobs[rq->job].done;
+}
+
+int kvt_request_poll(kvt_cache *c, kvt_req req, uint32_t *n_ready) {
+  return kvt_request_wait(c, req, 0, n_ready);
+}
+
+static void deadline_after(struct timespec *ts, int64_t ns) {
+  clock_gettime(CLOCK_MONOTONIC, ts);
+  ts->tv_sec += ns / 1000000000;
+  ts->tv_nsec += ns % 1000000000;
+  if (ts->tv_nsec >= 1000000000) {
+    ts->tv_sec++;
+    ts->tv_nsec -= 1000000000;
+  }
+}
+
+int kvt_request_wait(kvt_cache *c, kvt_req req, int64_t timeout_ns, uint32_t *n_ready) {
+  KVT__REQ_CHECK(c);
+  struct timespec dl;
+  if (timeout_ns > 0) deadline_after(&dl, timeout_ns);
+  pthread_mutex_lock(&c->lock);
+  uint32_t r = req_from_handle(c, req);
+  int rc = 0;
+  while (r != KVT__NONE && loading(c, &c->reqs[r]) && rc == 0) {
+    if (timeout_ns == 0) rc = 1;
+    else if (timeout_ns < 0) pthread_cond_wait(&c->cond, &c->lock);
+    else if (pthread_cond_timedwait(&c->cond, &c->lock, &dl) != 0 && loading(c, &c->reqs[r])) rc = KVT_ETIMEDOUT;
+  }
+  if (r == KVT__NONE) rc = KVT_ENOJOB;
+  else if (n_ready) *n_ready = rc == 0 ? ready_prefix(c, &c->reqs[r]) : 0;
+  if (timeout_ns == 0 && rc == KVT_ETIMEDOUT) rc = 1;
+  pthread_mutex_unlock(&c->lock);
+  return rc;
+}
+
+int kvt_request_layer_ready(kvt_cache *c, kvt_req req, uint32_t layer) {
+  KVT__REQ_CHECK(c);
+  if (layer >= c->layout.num_layers) return -EINVAL;
+  pthread_mutex_lock(&c->lock);
+  uint32_t r = req_from_handle(c, req);
+  int rc = r == KVT__NONE ? KVT_ENOJOB : 0;
+  if (rc == 0 && loading(c, &c->reqs[r])) {
+    kvt__job *jb = &c->jobs[c->reqs[r].job];
+    rc = jb->phase == 2 && !c->metadata_only ? kvt__dev_layer_ready(&c->dev, &jb->xfer, layer) : 1;
+  }
+  pthread_mutex_unlock(&c->lock);
+  return rc;
+}
+
+int kvt_request_wait_layer(kvt_cache *c, kvt_req req, uint32_t layer, void *stream) {
+  KVT__REQ_CHECK(c);
+  if (layer >= c->layout.num_layers) return -EINVAL;
+  pthread_mutex_lock(&c->lock);
+  uint32_t r = req_from_handle(c, req);
+  if (r == KVT__NONE) {
+    pthread_mutex_unlock(&c->lock);
+    return KVT_ENOJOB;
+  }
+  /* The device copy of a layer exists only once the fetch phase is over. */
+  while (loading(c, &c->reqs[r]) && c->jobs[c->reqs[r].job].phase != 2) pthread_cond_wait(&c->cond, &c->lock);
+  kvt__job *jb = loading(c, &c->reqs[r]) ? &c->jobs[c->reqs[r].job] : NULL;
+  pthread_mutex_unlock(&c->lock);
+  /* The job stays the request's until kvt_release, so jb is safe here. */
+  return jb && !c->metadata_only ? kvt__dev_wait_layer(&c->dev, &jb->xfer, layer, stream) : 0;
+}
+
+/* ---- commit and release ---- */
+
+static uint32_t commit_blocks(kvt_cache *c, kvt__request *rq, uint32_t n_valid, uint32_t *stores) {
+  uint32_t n_store = 0;
+  for (uint32_t i = rq->n_committed; i < n_valid; i++) {
+    kvt__ref *r = &c->refs[rq->ref0 + i];
+    if (r->entry != KVT__NONE) continue; /* restored or a device hit */
+    const kvt_key *parent = i ? &c->refs[rq->ref0 + i - 1].key : &c->ns;
+    uint32_t e = kvt__index_find(&c->map, &r->key);
+    if (e == KVT__NONE) e = kvt__index_insert(&c->map, &r->key, parent);
+    if (e == KVT__NONE) break;
+    kvt__entry *en = kvt__E(c, e);
+    /* Someone else computed it first: ours stays private and is freed. */
+    if (en->state[KVT__T_DEV] != KVT__ABSENT) continue;
+    kvt__index_set_state(&c->map, e, KVT__T_DEV, KVT__VALID, r->slot);
+    kvt__index_pin(&c->map, e, KVT__T_DEV);
+    r->entry = e;
+    c->st.blocks_committed++;
+    if (en->state[KVT__T_HOST] == KVT__ABSENT) stores[n_store++] = e;
+  }
+  if (n_valid > rq->n_committed) rq->n_committed = n_valid;
+  return n_store;
+}
+
+int kvt_commit(kvt_cache *c, kvt_req req, size_t n_valid, void *stream) {
+  KVT__REQ_CHECK(c);
+  if (stream && !c->metadata_only) {
+    int frc = kvt__dev_fence(&c->dev, stream); /* before any store of these blocks */
+    if (frc < 0) return frc;
+  }
+  pthread_mutex_lock(&c->lock);
+  uint32_t r = req_from_handle(c, req), job = KVT__NONE;
+  int rc = 0;
+  if (r == KVT__NONE) rc = KVT_ENOJOB;
+  else if (n_valid > c->reqs[r].n_blocks) rc = -EINVAL;
+  else if (loading(c, &c->reqs[r])) rc = KVT_EBUSY; /* wait for the loads first */
+  if (rc == 0) {
+    uint32_t *stores = c->scratch_entries;
+    uint32_t n = commit_blocks(c, &c->reqs[r], (uint32_t)n_valid, stores);
+    if (n && c->cfg.write_policy == KVT_WRITE_THROUGH && kvt__has_tier(c, KVT__T_HOST)) {
+      if (kvt__make_room(c, KVT__T_HOST, n, 0) != 0 && c->slots[KVT__T_HOST].n_free < n)
+        n = c->slots[KVT__T_HOST].n_free;
+      if (n) job = kvt__start_store(c, stores, n, 0);
+    }
+  }
+  pthread_mutex_unlock(&c->lock);
+  kvt__flush_submits(c);
+  if (job != KVT__NONE) kvt__job_submit(c, job);
+  return rc;
+}
+
+int kvt_release(kvt_cache *c, kvt_req req) {
+  KVT__REQ_CHECK(c);
+  pthread_mutex_lock(&c->lock);
+  uint32_t r = req_from_handle(c, req);
+  if (r == KVT__NONE) {
+    pthread_mutex_unlock(&c->lock);
+    return KVT_ENOJOB;
+  }
+  kvt__request *rq = &c->reqs[r];
+  while (loading(c, rq)) pthread_cond_wait(&c->cond, &c->lock);
+  /* Last block first: ancestors end up more recent than their tails. */
+  for (uint32_t i = rq->n_blocks + rq->n_extra; i-- > 0;) {
+    kvt__ref *ref = &c->refs[rq->ref0 + i];
+    if (ref->entry == KVT__NONE) {
+      kvt__slots_put(&c->slots[KVT__T_DEV], ref->slot);
+      if (c->dev_has_tokens) c->dev_has_tokens[ref->slot] = 0;
+      continue;
+    }
+    kvt__index_unpin(&c->map, ref->entry, KVT__T_DEV);
+    kvt__index_touch(&c->map, ref->entry, KVT__T_DEV);
+    kvt__index_touch(&c->map, ref->entry, KVT__T_HOST);
+    kvt__index_touch(&c->map, ref->entry, KVT__T_DISK);
+  }
+  refs_free(c, rq->ref0, rq->n_blocks + rq->n_extra);
+  if (rq->job != KVT__NONE) kvt__job_free(c, rq->job);
+  rq->job = KVT__NONE;
+  rq->busy = 0;
+  c->req_free[c->n_req_free++] = r;
+  pthread_cond_broadcast(&c->cond);
+  pthread_mutex_unlock(&c->lock);
+  return 0;
+}

@@ -1,0 +1,137 @@
+/* The write path the engine drives: store (offload), prefetch, and the
+ * job handles they return. */
+#include <errno.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/engine.h"
+
+static int job_api_ok(const kvt_cache *c) { return c && c->layout_ready; }
+
+/* Entries among keys whose device copy has no host copy yet (lock held);
+ * with evict, blocks already on the host leave the device at once. */
+static uint32_t collect_stores(kvt_cache *c, const kvt_key *keys, size_t n, int evict, uint32_t *out) {
+  uint32_t m = 0;
+  for (size_t i = 0; i < n && m < c->cfg.max_job_blocks; i++) {
+    uint32_t e = kvt__index_find(&c->map, &keys[i]);
+    if (e == KVT__NONE) continue;
+    kvt__entry *en = kvt__E(c, e);
+    if (en->state[KVT__T_DEV] != KVT__VALID) continue;
+    if (en->state[KVT__T_HOST] == KVT__ABSENT) out[m++] = e;
+    else if (evict && en->state[KVT__T_HOST] == KVT__VALID && en->pins[KVT__T_DEV] == 0) {
+      kvt__drop_tier(c, e, KVT__T_DEV);
+      c->st.evictions_device++;
+    }
+  }
+  return m;
+}
+
+int kvt_store(kvt_cache *c, const kvt_key *keys, size_t n, uint32_t flags, kvt_job *job) {
+  if (!job_api_ok(c)) return c ? KVT_ELAYOUT : -EINVAL;
+  if ((n && !keys) || !job || (flags & ~KVT_STORE_EVICT)) return -EINVAL;
+  *job = 0;
+  if (!kvt__has_tier(c, KVT__T_HOST)) return KVT_EUNSUPPORTED;
+  int evict = (flags & KVT_STORE_EVICT) != 0, rc = 0;
+  uint32_t j = KVT__NONE;
+  pthread_mutex_lock(&c->lock);
+  uint32_t m = collect_stores(c, keys, n, evict, c->scratch_entries);
+  if (m) {
+    rc = kvt__make_room(c, KVT__T_HOST, m < c->cap[KVT__T_HOST] ? m : (uint32_t)c->cap[KVT__T_HOST], 1);
+    /* make_room may have waited: the set of blocks to copy may have changed. */
+    if (rc == 0) m = collect_stores(c, keys, n, evict, c->scratch_entries);
+    if (rc == 0 && m) {
+      j = kvt__start_store(c, c->scratch_entries, m, KVT__JF_USER | (evict ? KVT__JF_EVICT : 0));
+      if (j == KVT__NONE) rc = KVT_EAGAIN;
+      else *job = kvt__job_handle(c, j);
+    }
+  }
+  pthread_mutex_unlock(&c->lock);
+  kvt__flush_submits(c);
+  if (j != KVT__NONE) kvt__job_submit(c, j);
+  return rc < 0 ? rc : j != KVT__NONE;
+}
+
+int kvt_prefetch(kvt_cache *c, const kvt_key *keys, size_t n, kvt_job *job) {
+  if (!job_api_ok(c)) return c ? KVT_ELAYOUT : -EINVAL;
+  if ((n && !keys) || !job) return -EINVAL;
+  *job = 0;
+  if (!kvt__has_tier(c, KVT__T_DISK) || !kvt__has_tier(c, KVT__T_HOST)) return 0;
+  uint32_t j = KVT__NONE;
+  int rc = 0;
+  pthread_mutex_lock(&c->lock);
+  for (size_t i = 0; i < n; i++) {
+    uint32_t e = kvt__index_find(&c->map, &keys[i]);
+    if (e == KVT__NONE) break;
+    kvt__entry *en = kvt__E(c, e);
+    if (en->state[KVT__T_DEV] == KVT__VALID || en->state[KVT__T_HOST] != KVT__ABSENT) continue;
+    if (en->state[KVT__T_DISK] != KVT__VALID) break;
+    if ((rc = kvt__make_room(c, KVT__T_HOST, 1, 0)) != 0) break; /* a hint: never wait */
+    if (j == KVT__NONE && (j = kvt__job_new(c, KVT__JOB_FETCH, KVT__JF_USER)) == KVT__NONE) break;
+    kvt__job *jb = &c->jobs[j];
+    if (jb->n_ops == c->cfg.max_job_blocks) break;
+    uint32_t hs = kvt__slots_take(&c->slots[KVT__T_HOST]);
+    kvt__op *op = &jb->ops[jb->n_ops++];
+    memset(op, 0, sizeof *op);
+    op->jb = jb;
+    op->entry = e;
+    op->ref = KVT__NONE;
+    op->slot[KVT__T_DEV] = KVT__NONE;
+    op->slot[KVT__T_HOST] = hs;
+    op->slot[KVT__T_DISK] = en->slot[KVT__T_DISK];
+    kvt__index_pin(&c->map, e, KVT__T_DISK);
+    kvt__index_set_state(&c->map, e, KVT__T_HOST, KVT__FILLING, hs);
+  }
+  if (j != KVT__NONE && c->jobs[j].n_ops == 0) {
+    kvt__job_free(c, j);
+    j = KVT__NONE;
+  }
+  if (j != KVT__NONE) {
+    c->inflight++;
+    c->st.jobs_started++;
+    *job = kvt__job_handle(c, j);
+  }
+  pthread_mutex_unlock(&c->lock);
+  kvt__flush_submits(c);
+  if (j != KVT__NONE) kvt__job_submit(c, j);
+  return j != KVT__NONE ? 1 : (rc == KVT_ENOSPACE ? rc : 0);
+}
+
+int kvt_job_poll(kvt_cache *c, kvt_job job) { return kvt_job_wait(c, job, 0); }
+
+int kvt_job_wait(kvt_cache *c, kvt_job job, int64_t timeout_ns) {
+  if (!job_api_ok(c)) return c ? KVT_ELAYOUT : -EINVAL;
+  struct timespec dl;
+  if (timeout_ns > 0) {
+    clock_gettime(CLOCK_MONOTONIC, &dl);
+    dl.tv_sec += timeout_ns / 1000000000;
+    dl.tv_nsec += timeout_ns % 1000000000;
+    if (dl.tv_nsec >= 1000000000) {
+      dl.tv_sec++;
+      dl.tv_nsec -= 1000000000;
+    }
+  }
+  pthread_mutex_lock(&c->lock);
+  uint32_t j = kvt__job_from_handle(c, job);
+  int rc = j == KVT__NONE ? KVT_ENOJOB : 0;
+  while (rc == 0 && !c->jobs[j].done) {
+    if (timeout_ns == 0) rc = 1;
+    else if (timeout_ns < 0) pthread_cond_wait(&c->cond, &c->lock);
+    else if (pthread_cond_timedwait(&c->cond, &c->lock, &dl) != 0 && !c->jobs[j].done) rc = KVT_ETIMEDOUT;
+  }
+  if (rc == 0) rc = c->jobs[j].status;
+  pthread_mutex_unlock(&c->lock);
+  return rc;
+}
+
+int kvt_job_release(kvt_cache *c, kvt_job job) {
+  if (!job_api_ok(c)) return c ? KVT_ELAYOUT : -EINVAL;
+  pthread_mutex_lock(&c->lock);
+  uint32_t j = kvt__job_from_handle(c, job);
+  int rc = j == KVT__NONE ? KVT_ENOJOB : 0;
+  if (rc == 0) {
+    c->jobs[j].flags &= ~KVT__JF_USER;
+    if (c->jobs[j].done) kvt__job_free(c, j); /* else it frees itself when done */
+  }
+  pthread_mutex_unlock(&c->lock);
+  return rc;
+}

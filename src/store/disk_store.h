@@ -1,0 +1,145 @@
+/* The disk tier's store, as the engine sees it. The engine owns slot
+ * allocation for every tier (the tier map holds each block's disk slot);
+ * the store owns the file: its superblock, the record checksums, the I/O
+ * backend, and recovery.
+ *
+ * File layout: a 4 KiB superblock (magic, format version, namespace,
+ * geometry: slots, slot bytes, block_tokens, payload bytes; its own XXH3),
+ * then `slots` fixed slots of kvt__record_bytes(block_tokens, payload_bytes).
+ * A slot whose 128-byte header is all zero is empty (never written, or a
+ * tombstone). The file is preallocated (fallocate); a block device works too.
+ *
+ * Opening a file that holds another namespace, geometry or format version
+ * (or is not a kvtier file at all) returns KVT_ENAMESPACE and touches
+ * nothing, unless cfg->reset = 1, which discards the old contents. A
+ * superblock that fails its checksum returns KVT_ECORRUPT (reset clears it).
+ * The file is flock()ed: a second opener waits up to ~1 s (a crashed
+ * owner's ring may still be draining), then gets KVT_EBUSY.
+ *
+ * Recovery runs inside kvt__disk_open: every slot is read in batches
+ * through the backend and checked (header, tokens and, by default, payload
+ * checksum; recover_headers_only reads just each slot's 4 KiB prefix and
+ * leaves payloads to the check every read does). Records of the same key
+ * keep the newest seq; older copies are tombstoned. kvt__disk_recover then
+ * hands the survivors to the engine.
+ *
+ * Records are the host-slot images of record.h; rec must be 4 KiB aligned
+ * and kvt__record_bytes() long. Writes are not torn-proof on their own, but
+ * a torn record fails its checksum, so it is discarded, never returned.
+ *
+ * Completions are delivered on the store's reaper thread through
+ * done(arg, status), with no store lock held; status is 0, -errno (EIO,
+ * ENOSPC...; a short transfer is -EIO, not retried), KVT_ECORRUPT
+ * (checksum) or KVT_EMISMATCH (the slot holds another key or namespace, or
+ * is empty). EAGAIN/EINTR completions are resubmitted (up to 8 times).
+ * done() may start new I/O; from there a full queue returns KVT_EAGAIN
+ * instead of blocking.
+ *
+ * Threads: every call but open/recover/close may come from any thread. At
+ * most one operation per slot may be in flight: a second one returns
+ * KVT_EBUSY (the tier map's storing/loading states make this the engine's
+ * normal behaviour anyway). Submission blocks while queue_depth operations
+ * are in flight. */
+#ifndef KVT_STORE_DISK_STORE_H
+#define KVT_STORE_DISK_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvtier/backend.h"
+#include "store/record.h"
+
+typedef struct kvt__disk kvt__disk;
+typedef void (*kvt__disk_done_fn)(void *arg, int status);
+
+typedef struct kvt__disk_cfg {
+  const char *path;
+  uint64_t slots;            /* record slots */
+  uint32_t block_tokens;
+  uint64_t payload_bytes;    /* per block */
+  kvt_key ns;                /* namespace; a file of another one: KVT_ENAMESPACE unless reset */
+  uint32_t queue_depth;      /* 0: 32 */
+  kvt_disk_backend backend;
+  int reset;                 /* discard the file's contents */
+  const void *const *bufs;   /* host pool memory to register with the backend */
+  const size_t *buf_lens;
+  uint32_t n_bufs;
+  int recover_headers_only;  /* 1: recovery reads slot prefixes only (fast on
+                                huge files); payloads are still verified on read */
+} kvt__disk_cfg;
+
+/* Opens (creating or extending) the file, checks its superblock, starts the
+ * backend and recovers. Returns 0, -errno, KVT_ENAMESPACE, KVT_ECORRUPT,
+ * KVT_EBUSY (another process holds the file). May block. */
+int kvt__disk_open(const kvt__disk_cfg *cfg, kvt__disk **out);
+void kvt__disk_close(kvt__disk *d); /* waits for I/O in flight; NULL is fine */
+
+/* Calls fn once per valid record found at open (namespace and format match,
+ * checksums good, newest seq per key), then frees that list: call it once,
+ * before the first write (a second call returns KVT_ESTATE). Records that
+ * failed are counted in *discarded (may be NULL). Returns the number of
+ * records handed to fn. */
+int kvt__disk_recover(kvt__disk *d,
+                      void (*fn)(void *arg, uint64_t slot, const kvt_key *key, const kvt_key *parent),
+                      void *arg, uint64_t *discarded);
+
+/* Asynchronous write of the record image `rec` (in host-pool memory) to
+ * slot; fills in magic, version, namespace, payload_len, seq and checksums
+ * first (the engine fills key, parent, flags, token_count, tokens, payload).
+ * Returns 0 when queued (done() follows) or a negative code (it does not):
+ * -EINVAL, KVT_EBUSY, KVT_EAGAIN (from done() with a full queue), -errno. */
+int kvt__disk_write(kvt__disk *d, uint64_t slot, void *rec, kvt__disk_done_fn done, void *arg);
+/* Asynchronous read of slot into `rec`, then verification against
+ * expected_key (NULL: any key) and the checksums. Returns as kvt__disk_write. */
+int kvt__disk_read(kvt__disk *d, uint64_t slot, void *rec, const kvt_key *expected_key,
+                   kvt__disk_done_fn done, void *arg);
+/* Marks slot empty so recovery never returns it (the block was dropped):
+ * writes a tombstone (a zeroed header page) and waits for it. Returns 0 or
+ * the write's error. May block; call it without engine locks held. */
+int kvt__disk_invalidate(kvt__disk *d, uint64_t slot);
+/* The same, asynchronous: the slot may be reused once done() has run. */
+int kvt__disk_invalidate_async(kvt__disk *d, uint64_t slot, kvt__disk_done_fn done, void *arg);
+
+/* "io_uring" or "threads". */
+const char *kvt__disk_backend_name(const kvt__disk *d);
+
+typedef struct kvt__disk_info {
+  int direct;               /* 1: O_DIRECT; 0: the filesystem refused it (tmpfs), buffered I/O */
+  int fixed_buffers;        /* host pool memory was handed to the backend for registration */
+  const char *fallback;     /* why io_uring is not used under KVT_DISK_AUTO ("" if it is) */
+  uint64_t slots, slot_bytes, data_offset;
+} kvt__disk_info;
+
+typedef struct kvt__disk_stats {
+  uint64_t writes, reads, invalidates;        /* completed ok */
+  uint64_t bytes_written, bytes_read;
+  uint64_t checksum_failures;                 /* reads failing KVT_ECORRUPT */
+  uint64_t mismatches;                        /* reads failing KVT_EMISMATCH */
+  uint64_t io_errors;                         /* -errno or short, at submit or completion */
+  uint64_t retries;                           /* EAGAIN/EINTR completions resubmitted */
+  uint64_t recovered, discarded, superseded;  /* at open */
+} kvt__disk_stats;
+
+void kvt__disk_get_info(const kvt__disk *d, kvt__disk_info *info);
+void kvt__disk_get_stats(const kvt__disk *d, kvt__disk_stats *st);
+
+/* ---- record helpers (record.c) ---- */
+
+/* XXH3_64 of the header bytes before hdr_sum. */
+uint64_t kvt__record_hdr_sum(const kvt__record_hdr *h);
+/* Fills magic, version, ns, payload_len, seq and the three checksums of a
+ * record image whose identity fields are set. -EINVAL if flags/token_count
+ * are inconsistent. */
+int kvt__record_seal(void *rec, const kvt_key *ns, uint32_t block_tokens, uint64_t payload_bytes,
+                     uint64_t seq);
+/* Checks len bytes at buf (any alignment, any content) as a record of this
+ * geometry: 0 valid (header copied to *out when non-NULL), KVT_EMISS for an
+ * all-zero header (empty slot), KVT_ECORRUPT (checksum, magic, version or
+ * geometry), KVT_EMISMATCH (another namespace, or not expected_key when that
+ * is non-NULL), -EINVAL for bad arguments. verify_payload = 0 skips the
+ * payload checksum (then len may cover just the prefix). */
+int kvt__record_check(const void *buf, size_t len, const kvt_key *ns, uint32_t block_tokens,
+                      uint64_t payload_bytes, const kvt_key *expected_key, int verify_payload,
+                      kvt__record_hdr *out);
+
+#endif

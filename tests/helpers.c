@@ -1,0 +1,75 @@
+#include "helpers.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+void kvt_test_skip(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stdout, "SKIP: ");
+  vfprintf(stdout, fmt, ap);
+  fprintf(stdout, "\n");
+  va_end(ap);
+  fflush(stdout);
+  exit(KVT_TEST_SKIP);
+}
+
+const char *kvt_test_trace(const char *name) {
+  static char path[4096];
+  const char *dir = getenv("KVT_TRACES_DIR");
+  if (!dir) dir = "../shared/traces";
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  return access(path, R_OK) == 0 ? path : NULL;
+}
+
+const char *kvt_test_tmpdir(void) {
+  static char path[4096];
+  if (path[0]) return path;
+  const char *base = getenv("KVT_TEST_TMPDIR");
+  if (!base) base = getenv("TMPDIR");
+  if (!base) base = "/tmp";
+  snprintf(path, sizeof path, "%s/kvt-test-XXXXXX", base);
+  if (!mkdtemp(path)) {
+    snprintf(path, sizeof path, "/tmp/kvt-test-XXXXXX");
+    if (!mkdtemp(path)) kvt_test_skip("cannot create a temporary directory");
+  }
+  return path;
+}
+
+static uint64_t splitmix(uint64_t *s) {
+  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+void kvt_test_fill(void *buf, size_t len, uint64_t seed) {
+  unsigned char *p = buf;
+  uint64_t s = seed;
+  size_t i = 0;
+  for (; i + 8 <= len; i += 8) {
+    uint64_t v = splitmix(&s);
+    memcpy(p + i, &v, 8);
+  }
+  if (i < len) {
+    uint64_t v = splitmix(&s);
+    memcpy(p + i, &v, len - i);
+  }
+}
+
+int kvt_test_check(const void *buf, size_t len, uint64_t seed) {
+  const unsigned char *p = buf;
+  uint64_t s = seed;
+  size_t i = 0;
+  for (; i + 8 <= len; i += 8) {
+    uint64_t v = splitmix(&s);
+    if (memcmp(p + i, &v, 8) != 0) return 0;
+  }
+  if (i < len) {
+    uint64_t v = splitmix(&s);
+    if (memcmp(p + i, &v, len - i) != 0) return 0;
+  }
+  return 1;
+}

@@ -1,0 +1,21 @@
+/* Shared test helpers (liburing's test/helpers.h is the model). */
+#ifndef KVT_TEST_HELPERS_H
+#define KVT_TEST_HELPERS_H
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#define KVT_TEST_SKIP 77
+
+/* Prints why and exits 77 (CTest counts it as skipped). */
+void kvt_test_skip(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+/* $KVT_TRACES_DIR/name if the file exists, else NULL (the caller skips). */
+const char *kvt_test_trace(const char *name);
+/* A fresh temporary directory for this test (removed by the caller if it likes). */
+const char *kvt_test_tmpdir(void);
+/* Deterministic byte pattern for block b of conversation c. */
+void kvt_test_fill(void *buf, size_t len, uint64_t seed);
+int kvt_test_check(const void *buf, size_t len, uint64_t seed);
+#endif
