@@ -1,0 +1,75 @@
+/* Private to disk_store.c (runtime I/O) and disk_recover.c (superblock,
+ * open-time scan). Nothing else includes this. */
+#ifndef KVT_STORE_DISK_INTERNAL_H
+#define KVT_STORE_DISK_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "io/io.h"
+#include "store/disk_store.h"
+
+#define KVT_DISK_SUPER_BYTES 4096u
+#define KVT_DISK_FORMAT_VERSION 1u
+#define KVT_DISK_MAX_RETRIES 8
+
+enum { OP_WRITE = 1, OP_READ, OP_TOMB };
+
+typedef struct disk_op {
+  int kind;
+  int buf_index;
+  int retries;
+  uint64_t slot;
+  void *buf;
+  kvt_key key;
+  int check_key;
+  kvt__disk_done_fn done;
+  void *arg;
+} disk_op;
+
+typedef struct disk_found {
+  uint64_t slot, seq;
+  kvt_key key, parent;
+} disk_found;
+
+struct kvt__disk {
+  int fd, direct, is_blk;
+  uint64_t slots, slot_bytes, data_off, payload_bytes;
+  uint32_t block_tokens, depth;
+  kvt_key ns;
+  kvt__io io;
+  const void *const *bufs; /* host-pool regions, to find a buffer's fixed index */
+  const size_t *buf_lens;
+  uint32_t n_bufs;
+  void *zero_page;          /* 4 KiB of zeros: the tombstone */
+
+  pthread_mutex_t lock;     /* guards free_ops, n_free, inflight, stop */
+  pthread_cond_t cond;      /* an op was freed, one was taken, or stop */
+  disk_op *ops;
+  uint32_t *free_ops, n_free, inflight;
+  int stop;
+  pthread_t reaper;
+  int reaper_started;
+  kvt_io_cqe *cqes;
+
+  atomic_uchar *busy;       /* per slot: an op is in flight */
+  atomic_uint_fast64_t next_seq;
+  struct {
+    atomic_uint_fast64_t writes, reads, invalidates, bytes_written, bytes_read;
+    atomic_uint_fast64_t checksum_failures, mismatches, io_errors, retries;
+  } st;
+
+  /* Open-time recovery results, handed out once by kvt__disk_recover. */
+  disk_found *found;
+  uint64_t n_found, n_found_total, discarded, superseded, max_seq;
+  int recovered;
+  int recover_headers_only;
+};
+
+/* disk_recover.c: superblock, reset, and the open-time scan. */
+int kvt__disk_prepare_file(kvt__disk *d, int reset, int *fresh);
+int kvt__disk_scan(kvt__disk *d);
+int kvt__disk_sweep(kvt__disk *d);
+
+#endif

@@ -1,0 +1,382 @@
+/* The disk store's runtime: open/close, the op pool, the reaper thread and
+ * the write/read/invalidate paths. Open-time work lives in disk_recover.c.
+ * Hot paths take an op from a free list set up at open; nothing allocates. */
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "store/disk_internal.h"
+
+#define DEFAULT_QUEUE_DEPTH 32u
+#define REAP_TIMEOUT_NS 200000000 /* wake to re-check stop and deferred SQ flushes */
+#define LOCK_TRIES 100            /* x 10 ms: a crashed owner's ring may still drain */
+
+/* ---- op pool ---- */
+
+/* Takes a free op, waiting while all are in flight; the reaper must not
+ * wait on itself, so from done() a full pool is KVT_EAGAIN. */
+static disk_op *op_get(kvt__disk *d) {
+  disk_op *op = NULL;
+  pthread_mutex_lock(&d->lock);
+  int on_reaper = d->reaper_started && pthread_equal(pthread_self(), d->reaper);
+  while (!d->n_free && !on_reaper && !d->stop) pthread_cond_wait(&d->cond, &d->lock);
+  if (d->n_free && !d->stop) {
+    op = &d->ops[d->free_ops[--d->n_free]];
+    d->inflight++;
+    pthread_cond_broadcast(&d->cond); /* the reaper waits for inflight > 0 */
+  }
+  pthread_mutex_unlock(&d->lock);
+  return op;
+}
+
+static void op_put(kvt__disk *d, disk_op *op) {
+  pthread_mutex_lock(&d->lock);
+  d->free_ops[d->n_free++] = (uint32_t)(op - d->ops);
+  d->inflight--;
+  pthread_cond_broadcast(&d->cond);
+  pthread_mutex_unlock(&d->lock);
+}
+
+static int slot_claim(kvt__disk *d, uint64_t slot) {
+  unsigned char idle = 0;
+  return atomic_compare_exchange_strong(&d->busy[slot], &idle, 1);
+}
+
+static void slot_release(kvt__disk *d, uint64_t slot) { atomic_store(&d->busy[slot], 0); }
+
+/* ---- submission ---- */
+
+static int buf_index_of(const kvt__disk *d, const void *p, size_t len) {
+  for (uint32_t i = 0; i < d->n_bufs; i++) {
+    uintptr_t b = (uintptr_t)d->bufs[i], q = (uintptr_t)p;
+    if (q >= b && q - b <= d->buf_lens[i] && d->buf_lens[i] - (q - b) >= len) return (int)i;
+  }
+  return -1;
+}
+
+static kvt_io_req op_req(const kvt__disk *d, disk_op *op) {
+  uint64_t off = d->data_off + op->slot * d->slot_bytes;
+  if (op->kind == OP_TOMB)
+    return (kvt_io_req){KVT_IO_WRITE, -1, off, d->zero_page, KVT_DISK_SUPER_BYTES, op};
+  return (kvt_io_req){op->kind == OP_WRITE ? KVT_IO_WRITE : KVT_IO_READ, op->buf_index, off, op->buf,
+                      (uint32_t)d->slot_bytes, op};
+}
+
+/* The pool never holds more ops than the backend's depth, so "accepted 0"
+ * only means the reaper has not yet collected a finished slot: yield. */
+static int op_submit(kvt__disk *d, disk_op *op) {
+  kvt_io_req r = op_req(d, op);
+  for (;;) {
+    int n = kvt__io_submit(&d->io, &r, 1);
+    if (n == 1) return 0;
+    if (n < 0) {
+      atomic_fetch_add(&d->st.io_errors, 1);
+      return n;
+    }
+    sched_yield();
+  }
+}
+
+static int op_start(kvt__disk *d, disk_op *tmpl) {
+  if (!slot_claim(d, tmpl->slot)) return KVT_EBUSY;
+  disk_op *op = op_get(d);
+  if (!op) {
+    slot_release(d, tmpl->slot);
+    return d->stop ? KVT_ESTATE : KVT_EAGAIN;
+  }
+  *op = *tmpl;
+  int rc = op_submit(d, op);
+  if (rc < 0) {
+    slot_release(d, op->slot);
+    op_put(d, op);
+  }
+  return rc;
+}
+
+/* ---- completion ---- */
+
+static int read_status(kvt__disk *d, disk_op *op) {
+  int rc = kvt__record_check(op->buf, d->slot_bytes, &d->ns, d->block_tokens, d->payload_bytes,
+                             op->check_key ? &op->key : NULL, 1, NULL);
+  if (rc == KVT_EMISS) rc = KVT_EMISMATCH; /* empty slot: not the block asked for */
+  if (rc == KVT_ECORRUPT) atomic_fetch_add(&d->st.checksum_failures, 1);
+  if (rc == KVT_EMISMATCH) atomic_fetch_add(&d->st.mismatches, 1);
+  if (rc == 0) {
+    atomic_fetch_add(&d->st.reads, 1);
+    atomic_fetch_add(&d->st.bytes_read, d->slot_bytes);
+  }
+  return rc;
+}
+
+static void count_ok(kvt__disk *d, disk_op *op) {
+  if (op->kind == OP_TOMB) {
+    atomic_fetch_add(&d->st.invalidates, 1);
+  } else {
+    atomic_fetch_add(&d->st.writes, 1);
+    atomic_fetch_add(&d->st.bytes_written, d->slot_bytes);
+  }
+}
+
+/* Maps a completion to the op's status; 1 means resubmitted (not finished). */
+static int op_status(kvt__disk *d, disk_op *op, int res) {
+  uint32_t want = op->kind == OP_TOMB ? KVT_DISK_SUPER_BYTES : (uint32_t)d->slot_bytes;
+  if ((res == -EAGAIN || res == -EINTR) && op->retries++ < KVT_DISK_MAX_RETRIES) {
+    atomic_fetch_add(&d->st.retries, 1);
+    res = op_submit(d, op);
+    if (res == 0) return 1;
+  }
+  if (res < 0 || (uint32_t)res != want) {
+    atomic_fetch_add(&d->st.io_errors, 1);
+    return res < 0 ? res : -EIO; /* short: O_DIRECT remainders are unaligned, so not retried */
+  }
+  if (op->kind == OP_READ) return read_status(d, op);
+  count_ok(d, op);
+  return 0;
+}
+
+static void op_complete(kvt__disk *d, disk_op *op, int res) {
+  int status = op_status(d, op, res);
+  if (status == 1) return;
+  kvt__disk_done_fn done = op->done;
+  void *arg = op->arg;
+  slot_release(d, op->slot);
+  op_put(d, op);
+  done(arg, status); /* no lock held; the slot is already reusable */
+}
+
+static int reaper_wait(kvt__disk *d) {
+  pthread_mutex_lock(&d->lock);
+  while (!d->inflight && !d->stop) pthread_cond_wait(&d->cond, &d->lock);
+  int go = d->inflight > 0;
+  pthread_mutex_unlock(&d->lock);
+  return go;
+}
+
+static void *reaper_main(void *arg) {
+  kvt__disk *d = arg;
+  while (reaper_wait(d)) {
+    int n = kvt__io_reap(&d->io, d->cqes, d->depth, 1, REAP_TIMEOUT_NS);
+    for (int i = 0; i < n; i++) op_complete(d, d->cqes[i].user, d->cqes[i].res);
+    if (n < 0 && n != -EINTR && n != -ETIME && n != -EAGAIN) sched_yield();
+  }
+  return NULL;
+}
+
+/* ---- public paths ---- */
+
+static int check_rec(const kvt__disk *d, uint64_t slot, const void *rec, kvt__disk_done_fn done) {
+  if (!d || !rec || !done || slot >= d->slots) return -EINVAL;
+  if (d->direct && ((uintptr_t)rec & (KVT_RECORD_ALIGN - 1))) return -EINVAL;
+  return 0;
+}
+
+int kvt__disk_write(kvt__disk *d, uint64_t slot, void *rec, kvt__disk_done_fn done, void *arg) {
+  int rc = check_rec(d, slot, rec, done);
+  if (rc) return rc;
+  rc = kvt__record_seal(rec, &d->ns, d->block_tokens, d->payload_bytes, atomic_fetch_add(&d->next_seq, 1));
+  if (rc) return rc;
+  disk_op t = {.kind = OP_WRITE, .slot = slot, .buf = rec, .done = done, .arg = arg,
+               .buf_index = buf_index_of(d, rec, d->slot_bytes)};
+  return op_start(d, &t);
+}
+
+int kvt__disk_read(kvt__disk *d, uint64_t slot, void *rec, const kvt_key *expected_key,
+                   kvt__disk_done_fn done, void *arg) {
+  int rc = check_rec(d, slot, rec, done);
+  if (rc) return rc;
+  disk_op t = {.kind = OP_READ, .slot = slot, .buf = rec, .done = done, .arg = arg,
+               .buf_index = buf_index_of(d, rec, d->slot_bytes)};
+  if (expected_key) t.key = *expected_key, t.check_key = 1;
+  return op_start(d, &t);
+}
+
+int kvt__disk_invalidate_async(kvt__disk *d, uint64_t slot, kvt__disk_done_fn done, void *arg) {
+  if (!d || !done || slot >= d->slots) return -EINVAL;
+  disk_op t = {.kind = OP_TOMB, .slot = slot, .buf_index = -1, .done = done, .arg = arg};
+  return op_start(d, &t);
+}
+
+typedef struct sync_wait {
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  int done, status;
+} sync_wait;
+
+static void sync_done(void *arg, int status) {
+  sync_wait *w = arg;
+  pthread_mutex_lock(&w->lock);
+  w->status = status;
+  w->done = 1;
+  pthread_cond_signal(&w->cond);
+  pthread_mutex_unlock(&w->lock);
+}
+
+int kvt__disk_invalidate(kvt__disk *d, uint64_t slot) {
+  sync_wait w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+  int rc = kvt__disk_invalidate_async(d, slot, sync_done, &w);
+  if (rc) return rc;
+  pthread_mutex_lock(&w.lock);
+  while (!w.done) pthread_cond_wait(&w.cond, &w.lock);
+  pthread_mutex_unlock(&w.lock);
+  pthread_mutex_destroy(&w.lock);
+  pthread_cond_destroy(&w.cond);
+  return w.status;
+}
+
+int kvt__disk_recover(kvt__disk *d,
+                      void (*fn)(void *arg, uint64_t slot, const kvt_key *key, const kvt_key *parent),
+                      void *arg, uint64_t *discarded) {
+  if (!d || !fn) return -EINVAL;
+  if (d->recovered) return KVT_ESTATE;
+  d->recovered = 1;
+  for (uint64_t i = 0; i < d->n_found; i++) fn(arg, d->found[i].slot, &d->found[i].key, &d->found[i].parent);
+  if (discarded) *discarded = d->discarded;
+  int n = d->n_found > INT32_MAX ? INT32_MAX : (int)d->n_found;
+  free(d->found);
+  d->found = NULL;
+  return n;
+}
+
+const char *kvt__disk_backend_name(const kvt__disk *d) { return d ? kvt__io_name(&d->io) : "none"; }
+
+void kvt__disk_get_info(const kvt__disk *d, kvt__disk_info *info) {
+  *info = (kvt__disk_info){.direct = d->direct, .fixed_buffers = d->n_bufs > 0,
+                           .fallback = d->io.fallback, .slots = d->slots,
+                           .slot_bytes = d->slot_bytes, .data_offset = d->data_off};
+}
+
+void kvt__disk_get_stats(const kvt__disk *d, kvt__disk_stats *s) {
+  kvt__disk *m = (kvt__disk *)d; /* atomics are read-only here */
+  *s = (kvt__disk_stats){
+      atomic_load(&m->st.writes), atomic_load(&m->st.reads), atomic_load(&m->st.invalidates),
+      atomic_load(&m->st.bytes_written), atomic_load(&m->st.bytes_read),
+      atomic_load(&m->st.checksum_failures), atomic_load(&m->st.mismatches),
+      atomic_load(&m->st.io_errors), atomic_load(&m->st.retries), d->n_found_total, d->discarded,
+      d->superseded};
+}
+
+/* ---- open / close ---- */
+
+/* O_DIRECT where the filesystem allows it (tmpfs refuses with EINVAL). */
+static int open_file(kvt__disk *d, const char *path) {
+  d->direct = 1;
+  d->fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_DIRECT, 0644);
+  if (d->fd < 0 && errno == EINVAL) {
+    d->direct = 0;
+    d->fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  }
+  if (d->fd < 0) return -errno;
+  for (int i = 0; i < LOCK_TRIES; i++) {
+    if (flock(d->fd, LOCK_EX | LOCK_NB) == 0) return 0;
+    if (errno != EWOULDBLOCK) return -errno;
+    nanosleep(&(struct timespec){0, 10000000}, NULL);
+  }
+  return KVT_EBUSY;
+}
+
+static int check_cfg(const kvt__disk_cfg *c) {
+  if (!c || !c->path || !c->slots || !c->block_tokens || c->block_tokens > 65536 || !c->payload_bytes)
+    return -EINVAL;
+  if (kvt__record_bytes(c->block_tokens, c->payload_bytes) > (1u << 30)) return -EINVAL;
+  if (c->slots > (UINT64_MAX / 2) / kvt__record_bytes(c->block_tokens, c->payload_bytes)) return -EINVAL;
+  if (c->n_bufs && (!c->bufs || !c->buf_lens)) return -EINVAL;
+  return 0;
+}
+
+static int alloc_runtime(kvt__disk *d) {
+  d->ops = calloc(d->depth, sizeof *d->ops);
+  d->free_ops = calloc(d->depth, sizeof *d->free_ops);
+  d->cqes = calloc(d->depth, sizeof *d->cqes);
+  d->busy = calloc(d->slots, sizeof *d->busy);
+  d->zero_page = aligned_alloc(4096, KVT_DISK_SUPER_BYTES);
+  if (!d->ops || !d->free_ops || !d->cqes || !d->busy || !d->zero_page) return -ENOMEM;
+  memset(d->zero_page, 0, KVT_DISK_SUPER_BYTES);
+  for (uint32_t i = 0; i < d->depth; i++) d->free_ops[i] = d->depth - 1 - i;
+  d->n_free = d->depth;
+  return 0;
+}
+
+static kvt__disk *disk_new(const kvt__disk_cfg *c) {
+  kvt__disk *d = calloc(1, sizeof *d);
+  if (!d) return NULL;
+  d->fd = -1;
+  d->slots = c->slots;
+  d->block_tokens = c->block_tokens;
+  d->payload_bytes = c->payload_bytes;
+  d->slot_bytes = kvt__record_bytes(c->block_tokens, c->payload_bytes);
+  d->data_off = KVT_DISK_SUPER_BYTES;
+  d->ns = c->ns;
+  d->depth = c->queue_depth ? c->queue_depth : DEFAULT_QUEUE_DEPTH;
+  d->bufs = c->bufs;
+  d->buf_lens = c->buf_lens;
+  d->n_bufs = c->n_bufs;
+  d->recover_headers_only = c->recover_headers_only;
+  pthread_mutex_init(&d->lock, NULL);
+  pthread_cond_init(&d->cond, NULL);
+  atomic_init(&d->next_seq, 1);
+  return d;
+}
+
+static int open_backend(kvt__disk *d, const kvt__disk_cfg *c) {
+  kvt_io_open_args a = {.fd = d->fd, .queue_depth = d->depth, .bufs = c->bufs,
+                        .buf_lens = c->buf_lens, .n_bufs = c->n_bufs};
+  return kvt__io_open(c->backend, &a, &d->io);
+}
+
+static int open_steps(kvt__disk *d, const kvt__disk_cfg *c) {
+  int fresh = 0;
+  int rc = alloc_runtime(d);
+  if (rc == 0) rc = open_file(d, c->path);
+  if (rc == 0) rc = kvt__disk_prepare_file(d, c->reset, &fresh);
+  if (rc == 0) rc = open_backend(d, c);
+  if (rc == 0 && fresh == 0) rc = kvt__disk_scan(d);
+  if (rc == 0 && fresh == 2) rc = kvt__disk_sweep(d);
+  if (rc) return rc;
+  d->n_found_total = d->n_found;
+  atomic_store(&d->next_seq, d->max_seq + 1);
+  rc = pthread_create(&d->reaper, NULL, reaper_main, d);
+  d->reaper_started = rc == 0;
+  return -rc;
+}
+
+int kvt__disk_open(const kvt__disk_cfg *cfg, kvt__disk **out) {
+  if (!out) return -EINVAL;
+  *out = NULL;
+  int rc = check_cfg(cfg);
+  if (rc) return rc;
+  kvt__disk *d = disk_new(cfg);
+  if (!d) return -ENOMEM;
+  rc = open_steps(d, cfg);
+  if (rc) {
+    kvt__disk_close(d);
+    return rc;
+  }
+  *out = d;
+  return 0;
+}
+
+void kvt__disk_close(kvt__disk *d) {
+  if (!d) return;
+  pthread_mutex_lock(&d->lock);
+  while (d->inflight) pthread_cond_wait(&d->cond, &d->lock);
+  d->stop = 1;
+  pthread_cond_broadcast(&d->cond);
+  pthread_mutex_unlock(&d->lock);
+  if (d->reaper_started) pthread_join(d->reaper, NULL);
+  kvt__io_close(&d->io);
+  if (d->fd >= 0) close(d->fd);
+  pthread_mutex_destroy(&d->lock);
+  pthread_cond_destroy(&d->cond);
+  free(d->ops);
+  free(d->free_ops);
+  free(d->cqes);
+  free((void *)d->busy);
+  free(d->zero_page);
+  free(d->found);
+  free(d);
+}

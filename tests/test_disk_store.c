@@ -1,0 +1,625 @@
+/* The disk store through both backends: byte-exact round trips, checksums
+ * catching flipped bytes and torn records (at read and at recovery),
+ * persistence across reopen, namespace/geometry mismatch, tombstones, seq
+ * order, and injected EIO / ENOSPC / short writes failing only their own
+ * request. */
+#include "helpers.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "store/disk_store.h"
+#include "util/fault.h"
+
+#define BT 16u
+#define PAYLOAD (64u * 1024u + 100u) /* not 4 KiB-aligned: the record pads it */
+#define SLOTS 16u
+
+static kvt_disk_backend g_backend;
+static const char *g_name;
+static const kvt_key NS1 = {0x1111, 0xaaaa}, NS2 = {0x2222, 0xbbbb};
+
+typedef struct fx {
+  char path[4200];
+  size_t rec_bytes;
+  char *pool; /* SLOTS host slots, registered with the backend */
+  kvt__disk *d;
+} fx;
+
+static kvt__disk_cfg cfg_of(fx *f, kvt_key ns) {
+  static const void *bufs[1];
+  static size_t lens[1];
+  bufs[0] = f->pool;
+  lens[0] = f->rec_bytes * SLOTS;
+  return (kvt__disk_cfg){.path = f->path, .slots = SLOTS, .block_tokens = BT, .payload_bytes = PAYLOAD,
+                         .ns = ns, .queue_depth = 8, .backend = g_backend, .bufs = bufs,
+                         .buf_lens = lens, .n_bufs = 1};
+}
+
+static void reopen(fx *f, kvt_key ns) {
+  kvt__disk_close(f->d);
+  kvt__disk_cfg c = cfg_of(f, ns);
+  assert_int_equal(kvt__disk_open(&c, &f->d), 0);
+}
+
+static int setup(void **state) {
+  static int n;
+  fx *f = calloc(1, sizeof *f);
+  snprintf(f->path, sizeof f->path, "%s/disk-%d-%d.kvt", kvt_test_tmpdir(), (int)getpid(), n++);
+  f->rec_bytes = kvt__record_bytes(BT, PAYLOAD);
+  f->pool = aligned_alloc(4096, f->rec_bytes * SLOTS);
+  kvt__disk_cfg c = cfg_of(f, NS1);
+  if (kvt__disk_open(&c, &f->d) != 0) return -1;
+  *state = f;
+  return 0;
+}
+
+static int teardown(void **state) {
+  fx *f = *state;
+  kvt__fault_set(NULL, NULL);
+  kvt__disk_close(f->d);
+  unlink(f->path);
+  free(f->pool);
+  free(f);
+  return 0;
+}
+
+static void *host(fx *f, uint32_t i) { return f->pool + (size_t)i * f->rec_bytes; }
+static kvt_key key_of(uint64_t seed) { return (kvt_key){seed * 0x9e3779b97f4a7c15ull, seed}; }
+
+/* A record image as the engine builds it: identity, tokens, payload. */
+static void make_rec(void *rec, uint64_t seed) {
+  kvt__record_hdr *h = rec;
+  memset(h, 0, sizeof *h);
+  h->key = key_of(seed);
+  h->parent = key_of(seed + 1000);
+  h->flags = KVT_RECORD_F_TOKENS;
+  h->token_count = BT;
+  for (uint32_t t = 0; t < BT; t++) kvt__record_tokens(rec)[t] = (uint32_t)(seed * 100 + t);
+  kvt_test_fill(kvt__record_payload(rec, BT), PAYLOAD, seed);
+}
+
+static int rec_ok(void *rec, uint64_t seed) {
+  kvt__record_hdr *h = rec;
+  if (h->key.lo != key_of(seed).lo || h->parent.hi != key_of(seed + 1000).hi) return 0;
+  for (uint32_t t = 0; t < BT; t++)
+    if (kvt__record_tokens(rec)[t] != (uint32_t)(seed * 100 + t)) return 0;
+  return kvt_test_check(kvt__record_payload(rec, BT), PAYLOAD, seed);
+}
+
+typedef struct waiter {
+  pthread_mutex_t m;
+  pthread_cond_t c;
+  int pending;
+  int status[SLOTS];
+  int n_done;
+} waiter;
+
+typedef struct wslot {
+  waiter *w;
+  int i;
+} wslot;
+
+static void on_done(void *arg, int status) {
+  wslot *s = arg;
+  pthread_mutex_lock(&s->w->m);
+  s->w->status[s->i] = status;
+  s->w->pending--;
+  s->w->n_done++;
+  pthread_cond_broadcast(&s->w->c);
+  pthread_mutex_unlock(&s->w->m);
+}
+
+static waiter *waiter_new(void) {
+  waiter *w = calloc(1, sizeof *w);
+  pthread_mutex_init(&w->m, NULL);
+  pthread_cond_init(&w->c, NULL);
+  return w;
+}
+
+static void waiter_wait(waiter *w) {
+  pthread_mutex_lock(&w->m);
+  while (w->pending) pthread_cond_wait(&w->c, &w->m);
+  pthread_mutex_unlock(&w->m);
+}
+
+static wslot g_ws[SLOTS];
+
+static int start(waiter *w, int i, int rc) {
+  if (rc == 0) {
+    pthread_mutex_lock(&w->m);
+    w->pending++;
+    pthread_mutex_unlock(&w->m);
+  }
+  return rc;
+}
+
+static int write_async(fx *f, waiter *w, uint32_t slot, uint32_t i) {
+  g_ws[i] = (wslot){w, (int)i};
+  pthread_mutex_lock(&w->m);
+  w->pending++;
+  pthread_mutex_unlock(&w->m);
+  int rc = kvt__disk_write(f->d, slot, host(f, i), on_done, &g_ws[i]);
+  if (rc) {
+    pthread_mutex_lock(&w->m);
+    w->pending--;
+    pthread_mutex_unlock(&w->m);
+  }
+  return rc;
+}
+
+static int read_async(fx *f, waiter *w, uint32_t slot, uint32_t i, const kvt_key *k) {
+  g_ws[i] = (wslot){w, (int)i};
+  pthread_mutex_lock(&w->m);
+  w->pending++;
+  pthread_mutex_unlock(&w->m);
+  int rc = kvt__disk_read(f->d, slot, host(f, i), k, on_done, &g_ws[i]);
+  if (rc) {
+    pthread_mutex_lock(&w->m);
+    w->pending--;
+    pthread_mutex_unlock(&w->m);
+  }
+  return rc;
+}
+
+static int write_sync(fx *f, uint32_t slot, uint64_t seed) {
+  waiter *w = waiter_new();
+  make_rec(host(f, 0), seed);
+  int rc = write_async(f, w, slot, 0);
+  waiter_wait(w);
+  if (rc == 0) rc = w->status[0];
+  free(w);
+  return rc;
+}
+
+static int read_sync(fx *f, uint32_t slot, uint64_t seed) {
+  waiter *w = waiter_new();
+  memset(host(f, 1), 0xee, f->rec_bytes);
+  kvt_key k = key_of(seed);
+  int rc = read_async(f, w, slot, 1, &k);
+  waiter_wait(w);
+  if (rc == 0) rc = w->status[1];
+  if (rc == 0 && !rec_ok(host(f, 1), seed)) rc = -9999; /* returned wrong bytes */
+  free(w);
+  return rc;
+}
+
+/* ---- recovery results ---- */
+
+typedef struct found {
+  int n;
+  uint64_t slot[SLOTS];
+  kvt_key key[SLOTS], parent[SLOTS];
+} found;
+
+static void on_found(void *arg, uint64_t slot, const kvt_key *key, const kvt_key *parent) {
+  found *r = arg;
+  r->slot[r->n] = slot;
+  r->key[r->n] = *key;
+  r->parent[r->n++] = *parent;
+}
+
+static int found_slot(const found *r, uint64_t slot, uint64_t seed) {
+  for (int i = 0; i < r->n; i++)
+    if (r->slot[i] == slot) return r->key[i].lo == key_of(seed).lo && r->parent[i].hi == key_of(seed + 1000).hi;
+  return 0;
+}
+
+static found recover(fx *f, uint64_t *discarded) {
+  found r = {0};
+  int n = kvt__disk_recover(f->d, on_found, &r, discarded);
+  assert_int_equal(n, r.n);
+  return r;
+}
+
+/* Overwrites one byte of the file, bypassing the store. */
+static void poke(fx *f, uint64_t slot, size_t off, unsigned char x) {
+  kvt__disk_info in;
+  kvt__disk_get_info(f->d, &in);
+  int fd = open(f->path, O_RDWR);
+  assert_true(fd >= 0);
+  off_t at = (off_t)(in.data_offset + slot * in.slot_bytes + off);
+  unsigned char b;
+  assert_int_equal(pread(fd, &b, 1, at), 1);
+  b ^= x;
+  assert_int_equal(pwrite(fd, &b, 1, at), 1);
+  fsync(fd);
+  posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  close(fd);
+}
+
+/* ---- cases ---- */
+
+static void test_backend_is_the_one_asked_for(void **state) {
+  fx *f = *state;
+  assert_string_equal(kvt__disk_backend_name(f->d), g_name);
+  kvt__disk_info in;
+  kvt__disk_get_info(f->d, &in);
+  assert_int_equal(in.slot_bytes, f->rec_bytes);
+  assert_int_equal(in.slots, SLOTS);
+}
+
+static void test_round_trip_byte_exact(void **state) {
+  fx *f = *state;
+  waiter *w = waiter_new();
+  for (uint32_t i = 0; i < 8; i++) make_rec(host(f, i), 40 + i);
+  for (uint32_t i = 0; i < 8; i++) assert_int_equal(write_async(f, w, 15 - i, i), 0);
+  waiter_wait(w);
+  for (uint32_t i = 0; i < 8; i++) assert_int_equal(w->status[i], 0);
+  memset(f->pool, 0, f->rec_bytes * 8);
+  for (uint32_t i = 0; i < 8; i++) {
+    kvt_key k = key_of(40 + i);
+    assert_int_equal(read_async(f, w, 15 - i, i, &k), 0);
+  }
+  waiter_wait(w);
+  for (uint32_t i = 0; i < 8; i++) {
+    assert_int_equal(w->status[i], 0);
+    assert_true(rec_ok(host(f, i), 40 + i));
+  }
+  kvt__disk_stats st;
+  kvt__disk_get_stats(f->d, &st);
+  assert_int_equal(st.writes, 8);
+  assert_int_equal(st.reads, 8);
+  assert_int_equal(st.bytes_read, 8 * f->rec_bytes);
+  free(w);
+}
+
+static void test_unregistered_buffer_round_trip(void **state) {
+  fx *f = *state;
+  char *own = aligned_alloc(4096, f->rec_bytes);
+  make_rec(own, 7);
+  waiter *w = waiter_new();
+  g_ws[0] = (wslot){w, 0};
+  start(w, 0, 0);
+  assert_int_equal(kvt__disk_write(f->d, 2, own, on_done, &g_ws[0]), 0);
+  waiter_wait(w);
+  assert_int_equal(w->status[0], 0);
+  assert_int_equal(read_sync(f, 2, 7), 0);
+  free(own);
+  free(w);
+}
+
+static void test_wrong_key_is_mismatch(void **state) {
+  fx *f = *state;
+  assert_int_equal(write_sync(f, 4, 1), 0);
+  assert_int_equal(read_sync(f, 4, 2), KVT_EMISMATCH);
+  assert_int_equal(read_sync(f, 5, 1), KVT_EMISMATCH); /* empty slot */
+  kvt__disk_stats st;
+  kvt__disk_get_stats(f->d, &st);
+  assert_int_equal(st.mismatches, 2);
+  assert_int_equal(st.checksum_failures, 0);
+}
+
+static void flip_case(fx *f, size_t off) {
+  assert_int_equal(write_sync(f, 3, 10), 0);
+  assert_int_equal(write_sync(f, 6, 11), 0);
+  poke(f, 3, off, 0x40);
+  assert_int_equal(read_sync(f, 3, 10), KVT_ECORRUPT);
+  assert_int_equal(read_sync(f, 6, 11), 0);
+  kvt__disk_stats st;
+  kvt__disk_get_stats(f->d, &st);
+  assert_int_equal(st.checksum_failures, 1);
+  reopen(f, NS1);
+  uint64_t discarded = 0;
+  found r = recover(f, &discarded);
+  assert_int_equal(r.n, 1);
+  assert_true(found_slot(&r, 6, 11));
+  assert_int_equal(discarded, 1);
+  assert_int_equal(read_sync(f, 3, 10), KVT_ECORRUPT); /* still not trusted */
+}
+
+static void test_flipped_payload_byte(void **state) { flip_case(*state, kvt__record_prefix_bytes(BT) + 5000); }
+static void test_flipped_header_byte(void **state) { flip_case(*state, offsetof(kvt__record_hdr, key) + 3); }
+static void test_flipped_token_byte(void **state) { flip_case(*state, KVT_RECORD_HDR_BYTES + 9); }
+static void test_flipped_last_payload_byte(void **state) {
+  flip_case(*state, kvt__record_prefix_bytes(BT) + PAYLOAD - 1);
+}
+
+/* A torn record: the new header landed, the old payload stayed. */
+static void test_torn_record_is_discarded(void **state) {
+  fx *f = *state;
+  assert_int_equal(write_sync(f, 9, 20), 0);
+  make_rec(host(f, 2), 21);
+  assert_int_equal(kvt__record_seal(host(f, 2), &NS1, BT, PAYLOAD, 1000), 0);
+  int fd = open(f->path, O_RDWR);
+  kvt__disk_info in;
+  kvt__disk_get_info(f->d, &in);
+  assert_int_equal(pwrite(fd, host(f, 2), 4096, (off_t)(in.data_offset + 9 * in.slot_bytes)), 4096);
+  fsync(fd);
+  posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  close(fd);
+  assert_int_equal(read_sync(f, 9, 21), KVT_ECORRUPT);
+  reopen(f, NS1);
+  uint64_t discarded = 0;
+  found r = recover(f, &discarded);
+  assert_int_equal(r.n, 0);
+  assert_int_equal(discarded, 1);
+  /* Headers-only recovery lists it, but the read still refuses it. */
+  kvt__disk_close(f->d);
+  kvt__disk_cfg c = cfg_of(f, NS1);
+  c.recover_headers_only = 1;
+  assert_int_equal(kvt__disk_open(&c, &f->d), 0);
+  r = recover(f, &discarded);
+  assert_int_equal(r.n, 1);
+  assert_int_equal(read_sync(f, 9, 21), KVT_ECORRUPT);
+}
+
+static void test_reopen_after_clean_close(void **state) {
+  fx *f = *state;
+  for (uint32_t s = 0; s < SLOTS; s += 2) assert_int_equal(write_sync(f, s, 100 + s), 0);
+  reopen(f, NS1);
+  uint64_t discarded = 99;
+  found r = recover(f, &discarded);
+  assert_int_equal(r.n, SLOTS / 2);
+  assert_int_equal(discarded, 0);
+  for (uint32_t s = 0; s < SLOTS; s += 2) {
+    assert_true(found_slot(&r, s, 100 + s));
+    assert_int_equal(read_sync(f, s, 100 + s), 0);
+  }
+  assert_int_equal(kvt__disk_recover(f->d, on_found, &r, NULL), KVT_ESTATE);
+}
+
+static void test_newest_copy_of_a_key_wins(void **state) {
+  fx *f = *state;
+  assert_int_equal(write_sync(f, 1, 30), 0);
+  assert_int_equal(write_sync(f, 2, 30), 0); /* same key, later seq */
+  reopen(f, NS1);
+  found r = recover(f, NULL);
+  assert_int_equal(r.n, 1);
+  assert_int_equal(r.slot[0], 2);
+  kvt__disk_stats st;
+  kvt__disk_get_stats(f->d, &st);
+  assert_int_equal(st.superseded, 1);
+  /* The old copy was tombstoned: a write to slot 2 under another key would
+   * otherwise let slot 1 come back. */
+  assert_int_equal(write_sync(f, 2, 31), 0);
+  reopen(f, NS1);
+  r = recover(f, NULL);
+  assert_int_equal(r.n, 1);
+  assert_true(found_slot(&r, 2, 31));
+}
+
+static void test_seq_keeps_growing_across_reopen(void **state) {
+  fx *f = *state;
+  assert_int_equal(write_sync(f, 1, 50), 0);
+  assert_int_equal(write_sync(f, 1, 51), 0);
+  reopen(f, NS1);
+  (void)recover(f, NULL);
+  assert_int_equal(write_sync(f, 7, 51), 0); /* same key again after restart */
+  reopen(f, NS1);
+  found r = recover(f, NULL);
+  assert_int_equal(r.n, 1);
+  assert_int_equal(r.slot[0], 7);
+}
+
+static void test_tombstone_is_never_resurrected(void **state) {
+  fx *f = *state;
+  for (uint32_t s = 0; s < 3; s++) assert_int_equal(write_sync(f, s, 60 + s), 0);
+  assert_int_equal(kvt__disk_invalidate(f->d, 1), 0);
+  assert_int_equal(read_sync(f, 1, 61), KVT_EMISMATCH);
+  reopen(f, NS1);
+  uint64_t discarded = 9;
+  found r = recover(f, &discarded);
+  assert_int_equal(r.n, 2);
+  assert_int_equal(discarded, 0);
+  assert_false(found_slot(&r, 1, 61));
+  assert_true(found_slot(&r, 2, 62));
+}
+
+static void test_namespace_mismatch_keeps_old_data(void **state) {
+  fx *f = *state;
+  assert_int_equal(write_sync(f, 5, 70), 0);
+  kvt__disk_close(f->d);
+  f->d = NULL;
+  kvt__disk_cfg c = cfg_of(f, NS2);
+  assert_int_equal(kvt__disk_open(&c, &f->d), KVT_ENAMESPACE);
+  c = cfg_of(f, NS1);
+  c.payload_bytes = PAYLOAD + 4096; /* other geometry */
+  assert_int_equal(kvt__disk_open(&c, &f->d), KVT_ENAMESPACE);
+  c = cfg_of(f, NS1);
+  c.slots = SLOTS * 2;
+  assert_int_equal(kvt__disk_open(&c, &f->d), KVT_ENAMESPACE);
+  reopen(f, NS1); /* untouched */
+  found r = recover(f, NULL);
+  assert_int_equal(r.n, 1);
+  assert_int_equal(read_sync(f, 5, 70), 0);
+  kvt__disk_close(f->d);
+  c = cfg_of(f, NS2);
+  c.reset = 1;
+  assert_int_equal(kvt__disk_open(&c, &f->d), 0);
+  r = recover(f, NULL);
+  assert_int_equal(r.n, 0);
+  kvt__disk_close(f->d);
+  c = cfg_of(f, NS1);
+  assert_int_equal(kvt__disk_open(&c, &f->d), KVT_ENAMESPACE); /* it is NS2's now */
+  reopen(f, NS2);
+}
+
+static void test_foreign_file_untouched(void **state) {
+  fx *f = *state;
+  kvt__disk_close(f->d);
+  f->d = NULL;
+  int fd = open(f->path, O_RDWR | O_TRUNC);
+  char junk[8192];
+  kvt_test_fill(junk, sizeof junk, 3);
+  assert_int_equal(write(fd, junk, sizeof junk), (ssize_t)sizeof junk);
+  close(fd);
+  kvt__disk_cfg c = cfg_of(f, NS1);
+  assert_int_equal(kvt__disk_open(&c, &f->d), KVT_ENAMESPACE);
+  char back[8192];
+  fd = open(f->path, O_RDONLY);
+  assert_int_equal(read(fd, back, sizeof back), (ssize_t)sizeof back);
+  assert_int_equal(lseek(fd, 0, SEEK_END), (off_t)sizeof junk);
+  close(fd);
+  assert_memory_equal(back, junk, sizeof junk);
+  c.reset = 1;
+  assert_int_equal(kvt__disk_open(&c, &f->d), 0);
+  assert_int_equal(write_sync(f, 0, 1), 0);
+}
+
+static void test_bad_arguments(void **state) {
+  fx *f = *state;
+  make_rec(host(f, 0), 1);
+  assert_int_equal(kvt__disk_write(NULL, 0, host(f, 0), on_done, NULL), -EINVAL);
+  assert_int_equal(kvt__disk_write(f->d, SLOTS, host(f, 0), on_done, NULL), -EINVAL);
+  assert_int_equal(kvt__disk_write(f->d, 0, NULL, on_done, NULL), -EINVAL);
+  assert_int_equal(kvt__disk_write(f->d, 0, host(f, 0), NULL, NULL), -EINVAL);
+  kvt__disk_info in;
+  kvt__disk_get_info(f->d, &in);
+  if (in.direct) assert_int_equal(kvt__disk_read(f->d, 0, f->pool + 512, NULL, on_done, NULL), -EINVAL);
+  ((kvt__record_hdr *)host(f, 0))->token_count = 3; /* inconsistent with F_TOKENS */
+  assert_int_equal(kvt__disk_write(f->d, 0, host(f, 0), on_done, NULL), -EINVAL);
+  assert_int_equal(kvt__disk_invalidate(f->d, SLOTS), -EINVAL);
+  kvt__disk_cfg c = cfg_of(f, NS1);
+  kvt__disk *d2 = NULL;
+  c.slots = 0;
+  assert_int_equal(kvt__disk_open(&c, &d2), -EINVAL);
+  c = cfg_of(f, NS1);
+  c.path = NULL;
+  assert_int_equal(kvt__disk_open(&c, &d2), -EINVAL);
+  assert_null(d2);
+  kvt__disk_close(NULL);
+}
+
+/* ---- injected faults ---- */
+
+typedef struct fault_plan {
+  int site;
+  int code;
+  atomic_int left; /* how many more to inject */
+} fault_plan;
+
+static int fault_hook(void *ctx, int site, int64_t arg) {
+  fault_plan *p = ctx;
+  if (site != p->site) return 0;
+  return atomic_fetch_sub(&p->left, 1) > 0 ? p->code : 0;
+}
+
+/* Eight writes in flight; the first completion to reach the hook is failed. */
+static void completion_fault_case(fx *f, int code, int expect) {
+  fault_plan p = {KVT_FAULT_IO_COMPLETE, code, 1};
+  waiter *w = waiter_new();
+  for (uint32_t i = 0; i < 8; i++) make_rec(host(f, i), 80 + i);
+  kvt__fault_set(fault_hook, &p);
+  for (uint32_t i = 0; i < 8; i++) assert_int_equal(write_async(f, w, i, i), 0);
+  waiter_wait(w);
+  kvt__fault_set(NULL, NULL);
+  int failed = -1, n_failed = 0;
+  for (int i = 0; i < 8; i++)
+    if (w->status[i]) failed = i, n_failed++;
+  assert_int_equal(n_failed, 1);
+  assert_int_equal(w->status[failed], expect);
+  for (uint32_t i = 0; i < 8; i++)
+    if ((int)i != failed) assert_int_equal(read_sync(f, i, 80 + i), 0);
+  kvt__disk_stats st;
+  kvt__disk_get_stats(f->d, &st);
+  assert_int_equal(st.io_errors, 1);
+  assert_int_equal(st.writes, 7);
+  /* The store goes on: the failed slot takes a new write. */
+  assert_int_equal(write_sync(f, (uint32_t)failed, 99), 0);
+  assert_int_equal(read_sync(f, (uint32_t)failed, 99), 0);
+  free(w);
+}
+
+static void test_eio_on_one_write(void **state) { completion_fault_case(*state, -EIO, -EIO); }
+static void test_enospc_on_one_write(void **state) { completion_fault_case(*state, -ENOSPC, -ENOSPC); }
+static void test_short_write_is_eio(void **state) { completion_fault_case(*state, 4096, -EIO); }
+
+static void test_submit_fault_fails_only_that_request(void **state) {
+  fx *f = *state;
+  fault_plan p = {KVT_FAULT_IO_SUBMIT, -ENOSPC, 0};
+  waiter *w = waiter_new();
+  for (uint32_t i = 0; i < 4; i++) make_rec(host(f, i), 90 + i);
+  kvt__fault_set(fault_hook, &p);
+  assert_int_equal(write_async(f, w, 0, 0), 0);
+  atomic_store(&p.left, 1);
+  assert_int_equal(write_async(f, w, 1, 1), -ENOSPC);
+  assert_int_equal(write_async(f, w, 2, 2), 0);
+  waiter_wait(w);
+  kvt__fault_set(NULL, NULL);
+  assert_int_equal(w->n_done, 2); /* no done() for the refused one */
+  assert_int_equal(read_sync(f, 0, 90), 0);
+  assert_int_equal(read_sync(f, 2, 92), 0);
+  assert_int_equal(read_sync(f, 1, 91), KVT_EMISMATCH); /* never written */
+  assert_int_equal(write_sync(f, 1, 91), 0);            /* slot not left busy */
+  free(w);
+}
+
+static void test_eio_on_read_then_read_again(void **state) {
+  fx *f = *state;
+  assert_int_equal(write_sync(f, 3, 5), 0);
+  fault_plan p = {KVT_FAULT_IO_COMPLETE, -EIO, 1};
+  kvt__fault_set(fault_hook, &p);
+  assert_int_equal(read_sync(f, 3, 5), -EIO);
+  kvt__fault_set(NULL, NULL);
+  assert_int_equal(read_sync(f, 3, 5), 0);
+}
+
+static void test_second_op_on_busy_slot(void **state) {
+  fx *f = *state;
+  fault_plan p = {KVT_FAULT_IO_DELAY_US, 100000, 1}; /* holds the first completion back */
+  waiter *w = waiter_new();
+  make_rec(host(f, 0), 1);
+  make_rec(host(f, 1), 2);
+  kvt__fault_set(fault_hook, &p);
+  assert_int_equal(write_async(f, w, 4, 0), 0);
+  assert_int_equal(kvt__disk_write(f->d, 4, host(f, 1), on_done, &g_ws[1]), KVT_EBUSY);
+  waiter_wait(w);
+  kvt__fault_set(NULL, NULL);
+  assert_int_equal(w->status[0], 0);
+  assert_int_equal(read_sync(f, 4, 1), 0);
+  free(w);
+}
+
+#define CASE(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
+
+static int run_suite(const char *name) {
+  const struct CMUnitTest tests[] = {
+      CASE(test_backend_is_the_one_asked_for), CASE(test_round_trip_byte_exact),
+      CASE(test_unregistered_buffer_round_trip), CASE(test_wrong_key_is_mismatch),
+      CASE(test_flipped_payload_byte), CASE(test_flipped_header_byte), CASE(test_flipped_token_byte),
+      CASE(test_flipped_last_payload_byte), CASE(test_torn_record_is_discarded),
+      CASE(test_reopen_after_clean_close), CASE(test_newest_copy_of_a_key_wins),
+      CASE(test_seq_keeps_growing_across_reopen), CASE(test_tombstone_is_never_resurrected),
+      CASE(test_namespace_mismatch_keeps_old_data), CASE(test_foreign_file_untouched),
+      CASE(test_bad_arguments), CASE(test_eio_on_one_write), CASE(test_enospc_on_one_write),
+      CASE(test_short_write_is_eio), CASE(test_submit_fault_fails_only_that_request),
+      CASE(test_eio_on_read_then_read_again), CASE(test_second_op_on_busy_slot),
+  };
+  return _cmocka_run_group_tests(name, tests, sizeof tests / sizeof tests[0], NULL, NULL);
+}
+
+static int uring_usable(char *why, size_t n) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/probe-%d.kvt", kvt_test_tmpdir(), (int)getpid());
+  kvt__disk_cfg c = {.path = path, .slots = 1, .block_tokens = BT, .payload_bytes = 4096,
+                     .backend = KVT_DISK_URING};
+  kvt__disk *d = NULL;
+  int rc = kvt__disk_open(&c, &d);
+  kvt__disk_close(d);
+  unlink(path);
+  snprintf(why, n, "the kernel refuses io_uring (%s)", strerror(-rc));
+  return rc == 0 || (rc != -ENOSYS && rc != -EPERM && rc != -EACCES);
+}
+
+int main(void) {
+  g_backend = KVT_DISK_THREADS, g_name = "threads";
+  int failed = run_suite("disk_store_threads");
+  char why[160];
+  if (!uring_usable(why, sizeof why)) {
+    if (failed) return 1;
+    kvt_test_skip("io_uring cases: %s (threads cases passed)", why);
+  }
+  g_backend = KVT_DISK_URING, g_name = "io_uring";
+  failed += run_suite("disk_store_uring");
+  g_backend = KVT_DISK_AUTO, g_name = "io_uring";
+  const struct CMUnitTest autos[] = {CASE(test_backend_is_the_one_asked_for), CASE(test_round_trip_byte_exact)};
+  failed += _cmocka_run_group_tests("disk_store_auto", autos, 2, NULL, NULL);
+  return failed ? 1 : 0;
+}
