@@ -214,7 +214,7 @@ static int found_slot(const found *r, uint64_t slot, uint64_t seed) {
 static found recover(fx *f, uint64_t *discarded) {
   found r = {0};
   int n = kvt__disk_recover(f->d, on_found, &r, discarded);
-  assert_int_equal(n, r.n);
+  assert_int_equal(n, r.n); /* n is stored first: r.n is read after the call */
   return r;
 }
 
