@@ -1,6 +1,7 @@
 /* Shared test helpers (liburing's test/helpers.h is the model). */
 #ifndef KVT_TEST_HELPERS_H
 #define KVT_TEST_HELPERS_H
+#include <errno.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>

@@ -29,8 +29,14 @@ kvt_key kvt__namespace_key(const kvt__ns_input *in) {
   return key_from(XXH3_128bits_digest(&st));
 }
 
+kvt_key kvt__xxh3_128(const void *data, size_t len, uint64_t seed) {
+  return key_from(XXH3_128bits_withSeed(data, len, seed));
+}
+
+uint64_t kvt__xxh3_64(const void *data, size_t len, uint64_t seed) { return XXH3_64bits_withSeed(data, len, seed); }
+
 kvt_key kvt__chain_key(const kvt_key *parent, const uint32_t *tokens, uint32_t block_tokens) {
-  kvt_key k = key_from(XXH3_128bits_withSeed(tokens, (size_t)block_tokens * sizeof(uint32_t), parent->lo));
+  kvt_key k = kvt__xxh3_128(tokens, (size_t)block_tokens * sizeof(uint32_t), parent->lo);
   k.hi ^= parent->hi;
   return k;
 }

@@ -18,6 +18,11 @@ typedef struct kvt__ns_input {
 
 kvt_key kvt__namespace_key(const kvt__ns_input *in);
 
+/* The XXH3 primitives every kvtier hash goes through (tested against
+ * xxHash's own sanity vectors). */
+kvt_key kvt__xxh3_128(const void *data, size_t len, uint64_t seed);
+uint64_t kvt__xxh3_64(const void *data, size_t len, uint64_t seed);
+
 /* key = XXH3_128(block tokens, seed = parent.lo), hi ^= parent.hi: both halves
  * of the parent shape the child, and hashing the tokens in place (no copy of
  * parent||tokens) keeps the chained hash near raw XXH3 speed. */
