@@ -577,6 +577,46 @@ static void test_second_op_on_busy_slot(void **state) {
   free(w);
 }
 
+static void test_batches_fail_only_bad_entries(void **state) {
+  fx *f = *state;
+  waiter *w = waiter_new();
+  kvt__disk_io io[10];
+  for (uint32_t i = 0; i < 10; i++) {
+    make_rec(host(f, i), 200 + i);
+    g_ws[i] = (wslot){w, (int)i};
+    io[i] = (kvt__disk_io){.slot = i, .rec = host(f, i), .arg = &g_ws[i], .status = 12345};
+  }
+  io[3].slot = SLOTS;  /* out of range */
+  io[7].slot = 6;      /* same slot as io[6], in the same batch: busy */
+  pthread_mutex_lock(&w->m);
+  w->pending = 8;
+  pthread_mutex_unlock(&w->m);
+  assert_int_equal(kvt__disk_write_batch(f->d, io, 10, on_done), 8);
+  waiter_wait(w);
+  assert_int_equal(io[3].status, -EINVAL);
+  assert_int_equal(io[7].status, KVT_EBUSY);
+  for (uint32_t i = 0; i < 10; i++)
+    if (i != 3 && i != 7) assert_int_equal(io[i].status, 0), assert_int_equal(w->status[i], 0);
+  memset(f->pool, 0, f->rec_bytes * 10);
+  kvt_key keys[10];
+  for (uint32_t i = 0; i < 10; i++) {
+    keys[i] = key_of(200 + i);
+    io[i] = (kvt__disk_io){.slot = i, .rec = host(f, i), .expected_key = &keys[i], .arg = &g_ws[i]};
+  }
+  pthread_mutex_lock(&w->m);
+  w->pending = 10;
+  pthread_mutex_unlock(&w->m);
+  assert_int_equal(kvt__disk_read_batch(f->d, io, 10, on_done), 10);
+  waiter_wait(w);
+  for (uint32_t i = 0; i < 10; i++) {
+    int want = i == 3 || i == 7 ? KVT_EMISMATCH : 0; /* never written */
+    assert_int_equal(w->status[i], want);
+    if (!want) assert_true(rec_ok(host(f, i), 200 + i));
+  }
+  assert_int_equal(kvt__disk_write_batch(f->d, NULL, 1, on_done), -EINVAL);
+  free(w);
+}
+
 #define CASE(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
 
 static int run_suite(const char *name) {
@@ -591,6 +631,7 @@ static int run_suite(const char *name) {
       CASE(test_bad_arguments), CASE(test_eio_on_one_write), CASE(test_enospc_on_one_write),
       CASE(test_short_write_is_eio), CASE(test_submit_fault_fails_only_that_request),
       CASE(test_eio_on_read_then_read_again), CASE(test_second_op_on_busy_slot),
+      CASE(test_batches_fail_only_bad_entries),
   };
   return _cmocka_run_group_tests(name, tests, sizeof tests / sizeof tests[0], NULL, NULL);
 }

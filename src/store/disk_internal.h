@@ -28,6 +28,12 @@ typedef struct disk_op {
   void *arg;
 } disk_op;
 
+typedef struct disk_fin {
+  kvt__disk_done_fn done;
+  void *arg;
+  int status;
+} disk_fin;
+
 typedef struct disk_found {
   uint64_t slot, seq;
   kvt_key key, parent;
@@ -51,7 +57,9 @@ struct kvt__disk {
   int stop;
   pthread_t reaper;
   int reaper_started;
-  kvt_io_cqe *cqes;
+  kvt_io_cqe *cqes;         /* the reaper's: one reaped batch */
+  disk_fin *fin;
+  disk_op **fin_ops;
 
   atomic_uchar *busy;       /* per slot: an op is in flight */
   atomic_uint_fast64_t next_seq;

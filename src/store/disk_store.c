@@ -18,29 +18,32 @@
 
 /* ---- op pool ---- */
 
-/* Takes a free op, waiting while all are in flight; the reaper must not
- * wait on itself, so from done() a full pool is KVT_EAGAIN. */
-static disk_op *op_get(kvt__disk *d) {
+/* Takes a free op; with `wait`, waits while all are in flight. The reaper
+ * must not wait on itself, so from done() a full pool returns NULL. */
+static disk_op *op_get(kvt__disk *d, int wait) {
   disk_op *op = NULL;
   pthread_mutex_lock(&d->lock);
   int on_reaper = d->reaper_started && pthread_equal(pthread_self(), d->reaper);
-  while (!d->n_free && !on_reaper && !d->stop) pthread_cond_wait(&d->cond, &d->lock);
+  while (wait && !d->n_free && !on_reaper && !d->stop) pthread_cond_wait(&d->cond, &d->lock);
   if (d->n_free && !d->stop) {
     op = &d->ops[d->free_ops[--d->n_free]];
-    d->inflight++;
-    pthread_cond_broadcast(&d->cond); /* the reaper waits for inflight > 0 */
+    if (d->inflight++ == 0) pthread_cond_broadcast(&d->cond); /* the reaper waits for this */
   }
   pthread_mutex_unlock(&d->lock);
   return op;
 }
 
-static void op_put(kvt__disk *d, disk_op *op) {
+/* Returns finished ops in one critical section (the reaper's batch). */
+static void op_put_many(kvt__disk *d, disk_op *const *ops, uint32_t n) {
+  if (!n) return;
   pthread_mutex_lock(&d->lock);
-  d->free_ops[d->n_free++] = (uint32_t)(op - d->ops);
-  d->inflight--;
+  for (uint32_t i = 0; i < n; i++) d->free_ops[d->n_free++] = (uint32_t)(ops[i] - d->ops);
+  d->inflight -= n;
   pthread_cond_broadcast(&d->cond);
   pthread_mutex_unlock(&d->lock);
 }
+
+static void op_put(kvt__disk *d, disk_op *op) { op_put_many(d, &op, 1); }
 
 static int slot_claim(kvt__disk *d, uint64_t slot) {
   unsigned char idle = 0;
@@ -67,35 +70,96 @@ static kvt_io_req op_req(const kvt__disk *d, disk_op *op) {
                       (uint32_t)d->slot_bytes, op};
 }
 
-/* The pool never holds more ops than the backend's depth, so "accepted 0"
- * only means the reaper has not yet collected a finished slot: yield. */
-static int op_submit(kvt__disk *d, disk_op *op) {
-  kvt_io_req r = op_req(d, op);
-  for (;;) {
-    int n = kvt__io_submit(&d->io, &r, 1);
-    if (n == 1) return 0;
-    if (n < 0) {
-      atomic_fetch_add(&d->st.io_errors, 1);
-      return n;
-    }
-    sched_yield();
+/* Hands reqs[0..k) of ops[] to the backend in as few calls as it takes;
+ * a request refused at submission fails alone (status[pos[j]] = its code,
+ * no done()). The pool never holds more ops than the backend's depth, so
+ * "accepted 0" only means the reaper has not collected a finished one yet. */
+static uint32_t submit_reqs(kvt__disk *d, disk_op **ops, const kvt_io_req *reqs, uint32_t k, int *st) {
+  uint32_t j = 0, queued = 0;
+  while (j < k) {
+    int n = kvt__io_submit(&d->io, reqs + j, k - j);
+    if (n == 0) sched_yield();
+    for (int i = 0; i < n; i++) st[j + (uint32_t)i] = 0;
+    if (n > 0) j += (uint32_t)n, queued += (uint32_t)n;
+    if (n >= 0) continue;
+    atomic_fetch_add(&d->st.io_errors, 1);
+    st[j] = n;
+    slot_release(d, ops[j]->slot);
+    op_put(d, ops[j]);
+    j++;
   }
+  return queued;
 }
 
-static int op_start(kvt__disk *d, disk_op *tmpl) {
+static int op_resubmit(kvt__disk *d, disk_op *op) {
+  kvt_io_req r = op_req(d, op);
+  int st = 0;
+  submit_reqs(d, &op, &r, 1, &st);
+  return st;
+}
+
+/* Claims the slot and an op for tmpl; waits for an op only when the caller
+ * holds none unsubmitted (else it would wait on itself). */
+static int op_claim(kvt__disk *d, const disk_op *tmpl, int may_wait, disk_op **out) {
   if (!slot_claim(d, tmpl->slot)) return KVT_EBUSY;
-  disk_op *op = op_get(d);
+  disk_op *op = op_get(d, 0);
+  if (!op && !may_wait) {
+    slot_release(d, tmpl->slot);
+    return 1; /* submit what is pending first, then ask again */
+  }
+  if (!op) op = op_get(d, 1);
   if (!op) {
     slot_release(d, tmpl->slot);
     return d->stop ? KVT_ESTATE : KVT_EAGAIN;
   }
   *op = *tmpl;
-  int rc = op_submit(d, op);
-  if (rc < 0) {
-    slot_release(d, op->slot);
-    op_put(d, op);
+  *out = op;
+  return 0;
+}
+
+static int io_prep(kvt__disk *d, int kind, kvt__disk_io *io, kvt__disk_done_fn done, disk_op *t) {
+  if (!io->rec || io->slot >= d->slots) return -EINVAL;
+  if (d->direct && ((uintptr_t)io->rec & (KVT_RECORD_ALIGN - 1))) return -EINVAL;
+  if (kind == OP_WRITE) {
+    int rc = kvt__record_seal(io->rec, &d->ns, d->block_tokens, d->payload_bytes,
+                              atomic_fetch_add(&d->next_seq, 1));
+    if (rc) return rc;
   }
-  return rc;
+  *t = (disk_op){.kind = kind, .slot = io->slot, .buf = io->rec, .done = done, .arg = io->arg,
+                 .buf_index = buf_index_of(d, io->rec, d->slot_bytes)};
+  if (kind == OP_READ && io->expected_key) t->key = *io->expected_key, t->check_key = 1;
+  return 0;
+}
+
+#define BATCH 64u
+
+/* Prepares up to BATCH of ios[*i..n) and submits them as one batch. */
+static uint32_t batch_chunk(kvt__disk *d, int kind, kvt__disk_io *ios, uint32_t n, uint32_t *i,
+                            kvt__disk_done_fn done) {
+  disk_op *ops[BATCH];
+  kvt_io_req reqs[BATCH];
+  int st[BATCH];
+  uint32_t pos[BATCH], k = 0;
+  while (*i < n && k < BATCH) {
+    disk_op t;
+    int rc = io_prep(d, kind, &ios[*i], done, &t);
+    if (rc == 0) rc = op_claim(d, &t, k == 0, &ops[k]);
+    if (rc == 1) break;
+    ios[*i].status = rc;
+    if (rc == 0) reqs[k] = op_req(d, ops[k]), pos[k++] = *i;
+    (*i)++;
+  }
+  if (k == 0) return 0;
+  uint32_t queued = submit_reqs(d, ops, reqs, k, st);
+  for (uint32_t j = 0; j < k; j++) ios[pos[j]].status = st[j];
+  return queued;
+}
+
+static int batch_run(kvt__disk *d, int kind, kvt__disk_io *ios, uint32_t n, kvt__disk_done_fn done) {
+  if (!d || !done || (n && !ios)) return -EINVAL;
+  uint32_t i = 0, queued = 0;
+  while (i < n) queued += batch_chunk(d, kind, ios, n, &i, done);
+  return (int)queued;
 }
 
 /* ---- completion ---- */
@@ -127,7 +191,7 @@ static int op_status(kvt__disk *d, disk_op *op, int res) {
   uint32_t want = op->kind == OP_TOMB ? KVT_DISK_SUPER_BYTES : (uint32_t)d->slot_bytes;
   if ((res == -EAGAIN || res == -EINTR) && op->retries++ < KVT_DISK_MAX_RETRIES) {
     atomic_fetch_add(&d->st.retries, 1);
-    res = op_submit(d, op);
+    res = op_resubmit(d, op);
     if (res == 0) return 1;
   }
   if (res < 0 || (uint32_t)res != want) {
@@ -139,14 +203,21 @@ static int op_status(kvt__disk *d, disk_op *op, int res) {
   return 0;
 }
 
-static void op_complete(kvt__disk *d, disk_op *op, int res) {
-  int status = op_status(d, op, res);
-  if (status == 1) return;
-  kvt__disk_done_fn done = op->done;
-  void *arg = op->arg;
-  slot_release(d, op->slot);
-  op_put(d, op);
-  done(arg, status); /* no lock held; the slot is already reusable */
+/* One reaped batch: statuses first (checksums run here, on the reaper),
+ * then the ops go back in one critical section, then done() with no lock
+ * held and the slots already reusable. */
+static void complete_batch(kvt__disk *d, const kvt_io_cqe *cqes, int n) {
+  uint32_t k = 0;
+  for (int i = 0; i < n; i++) {
+    disk_op *op = cqes[i].user;
+    int status = op_status(d, op, cqes[i].res);
+    if (status == 1) continue;
+    d->fin[k] = (disk_fin){op->done, op->arg, status};
+    d->fin_ops[k++] = op;
+    slot_release(d, op->slot);
+  }
+  op_put_many(d, d->fin_ops, k);
+  for (uint32_t j = 0; j < k; j++) d->fin[j].done(d->fin[j].arg, d->fin[j].status);
 }
 
 static int reaper_wait(kvt__disk *d) {
@@ -161,7 +232,7 @@ static void *reaper_main(void *arg) {
   kvt__disk *d = arg;
   while (reaper_wait(d)) {
     int n = kvt__io_reap(&d->io, d->cqes, d->depth, 1, REAP_TIMEOUT_NS);
-    for (int i = 0; i < n; i++) op_complete(d, d->cqes[i].user, d->cqes[i].res);
+    if (n > 0) complete_batch(d, d->cqes, n);
     if (n < 0 && n != -EINTR && n != -ETIME && n != -EAGAIN) sched_yield();
   }
   return NULL;
@@ -169,36 +240,39 @@ static void *reaper_main(void *arg) {
 
 /* ---- public paths ---- */
 
-static int check_rec(const kvt__disk *d, uint64_t slot, const void *rec, kvt__disk_done_fn done) {
-  if (!d || !rec || !done || slot >= d->slots) return -EINVAL;
-  if (d->direct && ((uintptr_t)rec & (KVT_RECORD_ALIGN - 1))) return -EINVAL;
-  return 0;
+int kvt__disk_write_batch(kvt__disk *d, kvt__disk_io *ios, uint32_t n, kvt__disk_done_fn done) {
+  return batch_run(d, OP_WRITE, ios, n, done);
+}
+
+int kvt__disk_read_batch(kvt__disk *d, kvt__disk_io *ios, uint32_t n, kvt__disk_done_fn done) {
+  return batch_run(d, OP_READ, ios, n, done);
+}
+
+static int one(kvt__disk *d, int kind, kvt__disk_io *io, kvt__disk_done_fn done) {
+  int rc = batch_run(d, kind, io, 1, done);
+  return rc < 0 ? rc : io->status;
 }
 
 int kvt__disk_write(kvt__disk *d, uint64_t slot, void *rec, kvt__disk_done_fn done, void *arg) {
-  int rc = check_rec(d, slot, rec, done);
-  if (rc) return rc;
-  rc = kvt__record_seal(rec, &d->ns, d->block_tokens, d->payload_bytes, atomic_fetch_add(&d->next_seq, 1));
-  if (rc) return rc;
-  disk_op t = {.kind = OP_WRITE, .slot = slot, .buf = rec, .done = done, .arg = arg,
-               .buf_index = buf_index_of(d, rec, d->slot_bytes)};
-  return op_start(d, &t);
+  kvt__disk_io io = {.slot = slot, .rec = rec, .arg = arg};
+  return one(d, OP_WRITE, &io, done);
 }
 
 int kvt__disk_read(kvt__disk *d, uint64_t slot, void *rec, const kvt_key *expected_key,
                    kvt__disk_done_fn done, void *arg) {
-  int rc = check_rec(d, slot, rec, done);
-  if (rc) return rc;
-  disk_op t = {.kind = OP_READ, .slot = slot, .buf = rec, .done = done, .arg = arg,
-               .buf_index = buf_index_of(d, rec, d->slot_bytes)};
-  if (expected_key) t.key = *expected_key, t.check_key = 1;
-  return op_start(d, &t);
+  kvt__disk_io io = {.slot = slot, .rec = rec, .expected_key = expected_key, .arg = arg};
+  return one(d, OP_READ, &io, done);
 }
 
 int kvt__disk_invalidate_async(kvt__disk *d, uint64_t slot, kvt__disk_done_fn done, void *arg) {
   if (!d || !done || slot >= d->slots) return -EINVAL;
-  disk_op t = {.kind = OP_TOMB, .slot = slot, .buf_index = -1, .done = done, .arg = arg};
-  return op_start(d, &t);
+  disk_op t = {.kind = OP_TOMB, .slot = slot, .buf_index = -1, .done = done, .arg = arg}, *op;
+  int rc = op_claim(d, &t, 1, &op);
+  if (rc) return rc;
+  kvt_io_req r = op_req(d, op);
+  int st = 0;
+  submit_reqs(d, &op, &r, 1, &st);
+  return st;
 }
 
 typedef struct sync_wait {
@@ -292,9 +366,11 @@ static int alloc_runtime(kvt__disk *d) {
   d->ops = calloc(d->depth, sizeof *d->ops);
   d->free_ops = calloc(d->depth, sizeof *d->free_ops);
   d->cqes = calloc(d->depth, sizeof *d->cqes);
+  d->fin = calloc(d->depth, sizeof *d->fin);
+  d->fin_ops = calloc(d->depth, sizeof *d->fin_ops);
   d->busy = calloc(d->slots, sizeof *d->busy);
   d->zero_page = aligned_alloc(4096, KVT_DISK_SUPER_BYTES);
-  if (!d->ops || !d->free_ops || !d->cqes || !d->busy || !d->zero_page) return -ENOMEM;
+  if (!d->ops || !d->free_ops || !d->cqes || !d->fin || !d->fin_ops || !d->busy || !d->zero_page) return -ENOMEM;
   memset(d->zero_page, 0, KVT_DISK_SUPER_BYTES);
   for (uint32_t i = 0; i < d->depth; i++) d->free_ops[i] = d->depth - 1 - i;
   d->n_free = d->depth;
@@ -375,6 +451,8 @@ void kvt__disk_close(kvt__disk *d) {
   free(d->ops);
   free(d->free_ops);
   free(d->cqes);
+  free(d->fin);
+  free(d->fin_ops);
   free((void *)d->busy);
   free(d->zero_page);
   free(d->found);

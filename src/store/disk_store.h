@@ -93,6 +93,20 @@ int kvt__disk_write(kvt__disk *d, uint64_t slot, void *rec, kvt__disk_done_fn do
  * expected_key (NULL: any key) and the checksums. Returns as kvt__disk_write. */
 int kvt__disk_read(kvt__disk *d, uint64_t slot, void *rec, const kvt_key *expected_key,
                    kvt__disk_done_fn done, void *arg);
+/* Batches: one submission to the backend per up to 64 records. Each
+ * ios[i].status receives 0 (queued: done(ios[i].arg, status) follows) or
+ * the code a single call would have returned (not queued, no done()).
+ * Returns how many were queued, or -EINVAL for a NULL d/done/ios. */
+typedef struct kvt__disk_io {
+  uint64_t slot;
+  void *rec;
+  const kvt_key *expected_key; /* reads: NULL = any key */
+  void *arg;
+  int status;                  /* out */
+} kvt__disk_io;
+int kvt__disk_write_batch(kvt__disk *d, kvt__disk_io *ios, uint32_t n, kvt__disk_done_fn done);
+int kvt__disk_read_batch(kvt__disk *d, kvt__disk_io *ios, uint32_t n, kvt__disk_done_fn done);
+
 /* Marks slot empty so recovery never returns it (the block was dropped):
  * writes a tombstone (a zeroed header page) and waits for it. Returns 0 or
  * the write's error. May block; call it without engine locks held. */
