@@ -344,6 +344,13 @@ static void injected_submit_failure_leaves_backend_usable(void **state) {
     kvt__fault_set(NULL, NULL);
     CK(f.be->submit(f.ctx, &load.x));
     CK(job_wait(&load, 1));
+    /* A lane completes in order: once a later load is done, a done() of the
+     * failed submit would have come already. */
+    job later;
+    job_init(&f, &later, KVT_XFER_H2D, 1, f.slots, f.payload[0]);
+    CK(f.be->submit(f.ctx, &later.x));
+    CK(job_wait(&later, 1));
+    job_fini(&f, &later);
     assert_int_equal(load.n_done, 1); /* the failed submit never completed */
     check_device(&f, f.payload[0]);
     job_fini(&f, &load);

@@ -48,8 +48,14 @@ int kvt__cuda_host_alloc(void *ctx, size_t bytes, void **ptr, int *pinned) {
   cudaSetDevice(c->device);
   int ok = pin_region(p, len);
   pthread_mutex_lock(&c->region_lock);
-  c->regions[c->n_regions++] = (cuda_region){(uintptr_t)p, len, ok};
+  full = c->n_regions == KVT__CUDA_MAX_REGIONS; /* a racing alloc took the last entry */
+  if (!full) c->regions[c->n_regions++] = (cuda_region){(uintptr_t)p, len, ok};
   pthread_mutex_unlock(&c->region_lock);
+  if (full) {
+    if (ok) unregister_chunks(p, len);
+    munmap(p, len);
+    return -ENOMEM;
+  }
   *ptr = p;
   *pinned = ok;
   return 0;
