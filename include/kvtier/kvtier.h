@@ -359,7 +359,9 @@ KVT_API int kvt_drain(kvt_cache *c);
 /* Cost model and calibration                                          */
 /* ------------------------------------------------------------------ */
 
-/* Sets the model and hardware the planner uses (copied). */
+/* Sets the model and hardware the planner uses (copied). With real bytes
+ * registered, the model's KV per block (block_tokens x KV bytes per token /
+ * tp_size) must equal the layout's block bytes, else KVT_ELAYOUT. */
 KVT_API int kvt_set_cost_model(kvt_cache *c, const kvt_model_desc *model, const kvt_hw_desc *hw);
 /* Reports a measured prefill: tokens [from_token, to_token) took `seconds`.
  * Later plans follow such reports (EWMA). Transfers the library runs are

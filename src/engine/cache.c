@@ -293,6 +293,10 @@ int kvt_set_cost_model(kvt_cache *c, const kvt_model_desc *model, const kvt_hw_d
   if (!c || !model || !hw) return -EINVAL;
   if (model->size != sizeof *model || hw->size != sizeof *hw) return KVT_EVERSION;
   if (!model->num_layers || hw->num_gpus == 0 || hw->flops_per_gpu <= 0 || hw->mfu <= 0) return -EINVAL;
+  /* Calibration measures the bytes this cache really moves; a model that
+   * describes other blocks would mix two sizes in one estimate. */
+  uint64_t per_rank = kvt_model_kv_bytes_per_token(model) * c->bt / c->cfg.tp_size;
+  if (c->layout_ready && !c->metadata_only && per_rank != c->block_bytes) return KVT_ELAYOUT;
   pthread_mutex_lock(&c->lock);
   c->model = *model;
   c->hw = *hw;
