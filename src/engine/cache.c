@@ -149,12 +149,12 @@ static void recovered_block(void *arg, uint64_t slot, const kvt_key *key, const 
 
 static int open_disk(kvt_cache *c) {
   if (!c->disk_path || c->metadata_only) return 0;
-  const void *bufs[1] = {c->host.base};
-  size_t lens[1] = {c->host.bytes};
+  c->disk_bufs[0] = c->host.base;
+  c->disk_buf_lens[0] = c->host.bytes;
   kvt__disk_cfg dc = {.path = c->disk_path, .slots = c->cap[KVT__T_DISK], .block_tokens = c->bt,
                       .payload_bytes = c->block_bytes, .ns = c->ns, .queue_depth = c->cfg.disk_queue_depth,
                       .backend = c->cfg.disk_backend, .reset = c->cfg.disk_reset,
-                      .bufs = bufs, .buf_lens = lens, .n_bufs = c->host.base ? 1 : 0};
+                      .bufs = c->disk_bufs, .buf_lens = c->disk_buf_lens, .n_bufs = c->host.base ? 1 : 0};
   int rc = kvt__disk_open(&dc, &c->disk);
   if (rc < 0) return rc;
   recovery rv = {c, calloc(c->cap[KVT__T_DISK], 1)};

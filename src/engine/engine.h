@@ -89,6 +89,8 @@ struct kvt_cache {
   uint32_t freeing[KVT__NTIERS]; /* slots that in-flight evictions will free */
   kvt__host_pool host;
   kvt__disk *disk;
+  const void *disk_bufs[1]; /* the host pool, registered with the disk backend (kept: the store refers to it) */
+  size_t disk_buf_lens[1];
   uint32_t *dev_tokens;   /* block_tokens ids per device slot */
   uint8_t *dev_has_tokens;
 

@@ -1,0 +1,252 @@
+/* The three tiers through the engine, for both storage backends: cascade
+ * order, byte-exact round trips via disk, prefetch, persistence across a
+ * reopen, corrupt records as counted misses, injected I/O errors. */
+#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include "engine/engine.h"
+#include "kv_fixture.h"
+#include "kvtier/backend.h"
+#include "util/fault.h"
+
+#define BT 16
+
+static int backend_under_test;
+static char disk_path[4200];
+
+static kvt_config disk_config(uint32_t host, uint64_t disk, int reset) {
+  kvt_config cfg = fixture_config(host);
+  snprintf(disk_path, sizeof disk_path, "%s/engine-%d.kvt", kvt_test_tmpdir(), backend_under_test);
+  cfg.disk_path = disk_path;
+  cfg.disk_blocks = disk;
+  cfg.disk_backend = backend_under_test;
+  cfg.disk_reset = reset;
+  return cfg;
+}
+
+static int open_disk_fixture(fixture *f, uint32_t slots, uint32_t host, uint64_t disk, int reset) {
+  kvt_config cfg = disk_config(host, disk, reset);
+  fixture_open_cfg(f, &cfg, slots);
+  if (backend_under_test == KVT_DISK_URING && strcmp(kvt_disk_backend_name(f->c), "io_uring") != 0) return -1;
+  return 0;
+}
+
+static void keys_for(fixture *f, uint32_t conv, uint32_t n, kvt_key *keys, uint32_t *tok) {
+  conv_tokens(tok, n * BT, conv);
+  size_t nk;
+  assert_int_equal(kvt_hash_tokens(f->c, NULL, tok, n * BT, keys, n, &nk), 0);
+}
+
+static void offload(fixture *f, const kvt_key *keys, uint32_t n) {
+  kvt_job j;
+  if (kvt_store(f->c, keys, n, KVT_STORE_EVICT, &j) == 1) {
+    assert_int_equal(kvt_job_wait(f->c, j, -1), 0);
+    kvt_job_release(f->c, j);
+  }
+}
+
+static kvt_lookup_result look(fixture *f, const kvt_key *keys, uint32_t n) {
+  kvt_lookup_result r = {.size = sizeof r};
+  assert_int_equal(kvt_lookup(f->c, keys, n, &r, NULL), 0);
+  return r;
+}
+
+static kvt_stats stats(fixture *f) {
+  kvt_stats st = {.size = sizeof st};
+  assert_int_equal(kvt_get_stats(f->c, &st), 0);
+  return st;
+}
+
+/* Three conversations through a host tier that holds one: A and B spill. */
+static void fill_three(fixture *f, kvt_key k[3][4], uint32_t t[3][4 * BT]) {
+  for (uint32_t c = 0; c < 3; c++) {
+    keys_for(f, c, 4, k[c], t[c]);
+    assert_int_equal(run_request(f, k[c], t[c], 4, c), 0);
+    offload(f, k[c], 4);
+  }
+  kvt_drain(f->c);
+}
+
+static void cascade_and_round_trip_via_disk(void **state) {
+  fixture f;
+  if (open_disk_fixture(&f, 8, 4, 32, 1)) {
+    fixture_close(&f);
+    skip();
+  }
+  kvt_key k[3][4];
+  uint32_t t[3][4 * BT];
+  fill_three(&f, k, t);
+  assert_int_equal(look(&f, k[0], 4).n_disk, 4); /* device -> host -> disk */
+  assert_int_equal(look(&f, k[1], 4).n_disk, 4);
+  assert_int_equal(look(&f, k[2], 4).n_host, 4);
+  kvt_stats st = stats(&f);
+  assert_int_equal(st.blocks_h2disk, 8);
+  assert_int_equal(st.evictions_host, 8);
+  fixture_scribble(&f);
+  /* A comes back from disk through the host, byte-exact. */
+  kvt_req r;
+  uint32_t slots[4], ready;
+  kvt_acquire_info info = {.size = sizeof info};
+  assert_int_equal(kvt_acquire(f.c, k[0], t[0], 4, 4, 0, 0, &r, slots, &info), 1);
+  assert_int_equal(info.n_from_disk, 4);
+  assert_int_equal(kvt_request_wait(f.c, r, -1, &ready), 0);
+  assert_int_equal(ready, 4);
+  for (uint32_t i = 0; i < 4; i++) assert_true(fixture_check(&f, slots[i], block_seed(0, i)));
+  kvt_release(f.c, r);
+  st = stats(&f);
+  assert_int_equal(st.blocks_disk2h, 4);
+  assert_int_equal(st.hits_disk, 4);
+  /* Prefetch moves B up to the host ahead of its turn. */
+  kvt_job j;
+  assert_int_equal(kvt_prefetch(f.c, k[1], 4, &j), 1);
+  assert_int_equal(kvt_job_wait(f.c, j, -1), 0);
+  kvt_job_release(f.c, j);
+  kvt_lookup_result lr = look(&f, k[1], 4);
+  assert_int_equal(lr.n_host + lr.n_device, 4);
+  assert_int_equal(run_request(&f, k[1], t[1], 4, 1), 4);
+  fixture_close(&f);
+}
+
+static void reopen_finds_completed_blocks(void **state) {
+  fixture f;
+  if (open_disk_fixture(&f, 8, 4, 32, 1)) {
+    fixture_close(&f);
+    skip();
+  }
+  kvt_key k[3][4];
+  uint32_t t[3][4 * BT];
+  fill_three(&f, k, t);
+  fixture_close(&f); /* clean close: A and B are on disk, C was only in RAM */
+  assert_int_equal(open_disk_fixture(&f, 8, 4, 32, 0), 0);
+  kvt_stats st = stats(&f);
+  assert_int_equal(st.disk_recovered, 8);
+  assert_int_equal(look(&f, k[0], 4).n_disk, 4);
+  assert_int_equal(look(&f, k[1], 4).n_disk, 4);
+  assert_int_equal(look(&f, k[2], 4).n_prefix, 0);
+  assert_int_equal(run_request(&f, k[1], t[1], 4, 1), 4); /* exact after restart */
+  fixture_close(&f);
+  /* Another model's cache must not see these blocks. */
+  kvt_config cfg = disk_config(4, 32, 0);
+  cfg.model_fingerprint = "another-model";
+  kvt_cache *c;
+  assert_int_equal(kvt_open(&cfg, &c), 0);
+  kvt_layout lay;
+  kvt_layout_init(&lay);
+  kvt_segment seg[FIX_LAYERS * 2];
+  static unsigned char pool[FIX_SEG_BYTES * 8];
+  for (int i = 0; i < FIX_LAYERS * 2; i++) seg[i] = (kvt_segment){pool, FIX_SEG_BYTES, FIX_SEG_BYTES};
+  lay.num_layers = FIX_LAYERS;
+  lay.num_slots = 8;
+  lay.segments = seg;
+  assert_int_equal(kvt_register_layout(c, &lay), KVT_ENAMESPACE);
+  kvt_close(c);
+}
+
+static void corrupt_record_is_a_counted_miss(void **state) {
+  fixture f;
+  if (open_disk_fixture(&f, 8, 4, 32, 1)) {
+    fixture_close(&f);
+    skip();
+  }
+  kvt_key k[3][4];
+  uint32_t t[3][4 * BT];
+  fill_three(&f, k, t);
+  /* Flip one payload byte of A's block 2 on disk. */
+  uint32_t e = kvt__index_find(&f.c->map, &k[0][2]);
+  assert_int_not_equal(e, KVT__NONE);
+  kvt__disk_info di;
+  kvt__disk_get_info(f.c->disk, &di);
+  off_t off = (off_t)(di.data_offset + (uint64_t)f.c->map.entries[e].slot[KVT__T_DISK] * di.slot_bytes +
+                      kvt__record_prefix_bytes(BT) + 100);
+  int fd = open(disk_path, O_RDWR);
+  unsigned char b;
+  assert_int_equal(pread(fd, &b, 1, off), 1);
+  b ^= 0x10;
+  assert_int_equal(pwrite(fd, &b, 1, off), 1);
+  fsync(fd);
+  close(fd);
+  assert_int_equal(run_request(&f, k[0], t[0], 4, 0), 2); /* blocks 0-1 restored, 2-3 recomputed */
+  kvt_stats st = stats(&f);
+  assert_int_equal(st.checksum_failures, 1);
+  fixture_close(&f);
+}
+
+static int fail_first_writes(void *ctx, int site, int64_t arg) {
+  int *left = ctx;
+  if (site == KVT_FAULT_IO_SUBMIT && arg == KVT_IO_WRITE && *left > 0) {
+    (*left)--;
+    return -ENOSPC;
+  }
+  return 0;
+}
+
+static int fail_reads(void *ctx, int site, int64_t arg) {
+  int *left = ctx;
+  if (site == KVT_FAULT_IO_SUBMIT && arg == KVT_IO_READ && *left > 0) {
+    (*left)--;
+    return -EIO;
+  }
+  return 0;
+}
+
+static void io_errors_fail_only_their_blocks(void **state) {
+  fixture f;
+  if (open_disk_fixture(&f, 8, 4, 32, 1)) {
+    fixture_close(&f);
+    skip();
+  }
+  kvt_key k[3][4];
+  uint32_t t[3][4 * BT];
+  int left = 2; /* a full disk for A's first two spills */
+  kvt__fault_set(fail_first_writes, &left);
+  fill_three(&f, k, t);
+  kvt__fault_set(NULL, NULL);
+  assert_int_equal(left, 0);
+  kvt_stats st = stats(&f);
+  assert_int_equal(st.io_errors, 2);
+  assert_int_equal(st.blocks_h2disk, 6);
+  /* The two failed blocks are gone, everything else is intact and exact. */
+  kvt_lookup_result lr = look(&f, k[0], 4);
+  assert_true(lr.n_prefix < 4);
+  assert_int_equal(look(&f, k[1], 4).n_disk, 4);
+  assert_int_equal(run_request(&f, k[1], t[1], 4, 1), 4);
+  assert_int_equal(run_request(&f, k[2], t[2], 4, 2), 4);
+  assert_int_equal(run_request(&f, k[0], t[0], 4, 0), lr.n_prefix);
+  /* An EIO on a fetch: the engine recomputes, and the record stays good. */
+  offload(&f, k[0], 4);
+  offload(&f, k[1], 4);
+  offload(&f, k[2], 4);
+  kvt_drain(f.c);
+  lr = look(&f, k[1], 4);
+  assert_int_equal(lr.n_prefix, 4);
+  uint32_t on_disk = lr.n_disk;
+  left = 1;
+  kvt__fault_set(fail_reads, &left);
+  uint32_t ready = run_request(&f, k[1], t[1], 4, 1);
+  kvt__fault_set(NULL, NULL);
+  if (on_disk) assert_true(ready < 4);
+  fixture_close(&f);
+}
+
+static int setup_threads(void **state) {
+  backend_under_test = KVT_DISK_THREADS;
+  return 0;
+}
+
+static int setup_uring(void **state) {
+  backend_under_test = KVT_DISK_URING;
+  return 0;
+}
+
+#define BOTH(fn) cmocka_unit_test_setup(fn, setup_threads), cmocka_unit_test_setup(fn, setup_uring)
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      BOTH(cascade_and_round_trip_via_disk),
+      BOTH(reopen_finds_completed_blocks),
+      BOTH(corrupt_record_is_a_counted_miss),
+      BOTH(io_errors_fail_only_their_blocks),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
