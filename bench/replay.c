@@ -1,0 +1,285 @@
+/* kvtier-bench replay: a request trace (or the built-in multiround
+ * workload) through the real engine; hits per tier, bytes moved, restore
+ * decisions and estimated TTFT against two baselines. Rules: replay_core.h. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+#include "kvtier/kvtier.h"
+#include "replay_core.h"
+#include "trace.h"
+
+/* Default capacities, in tokens so that they mean the same at any block
+ * size: a 256k-token device KV pool (32 GiB of llama3-8b KV, what an 80 GB
+ * GPU has left beside the weights), 1M tokens of host RAM, 4M on disk. */
+#define DEFAULT_DEVICE_TOKENS (256u << 10)
+#define DEFAULT_HOST_TOKENS (1u << 20)
+#define DEFAULT_DISK_TOKENS (4u << 20)
+
+typedef struct replay_cli {
+  kvt_bench_source src;
+  kvt_bench_replay_opts ro;
+  int have_dev, have_host, have_disk, json;
+} replay_cli;
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: kvtier-bench replay [--trace FILE | --workload multiround [opts]] [options]\n\n"
+          "Replays requests one at a time through the real engine: lookup, plan, restore\n"
+          "(load or fetch), recompute, commit, release, with eviction across the tiers.\n"
+          "With no options: the built-in multiround workload, metadata only.\n\n"
+          "%s"
+          "  --device-blocks N     device tier (default 256k tokens' worth); 0 = the device\n"
+          "                        holds only the running request, offloaded after it\n"
+          "  --host-blocks N       host tier (1M tokens' worth); 0 = none\n"
+          "  --disk-blocks N       disk tier (4M tokens' worth); 0 = none\n"
+          "  --model NAME          cost-model preset (llama3-8b); 'kvtier-bench cost --model list'\n"
+          "  --payload none|real   metadata only (none), or real bytes through host and disk\n"
+          "  --payload-scale S     real payload: blocks of 1/S the model's size (default: the\n"
+          "                        smallest power of two fitting 2 GiB of RAM and 8 GiB of disk)\n"
+          "  --disk-path FILE      real payload: disk file (overwritten; default: a temp dir)\n"
+          "  --restore plan|all|none  restore the planner's k blocks (plan), the whole\n"
+          "                        cached prefix, or nothing\n"
+          "  --whole-ids           count a trace's partial last id as a block (as the trace's\n"
+          "                        published LRU figures do); default: full blocks only\n"
+          "  --json                one JSON object\n",
+          kvt_bench_source_usage);
+}
+
+static int parse_count(const char *opt, const char *v, uint64_t *out) {
+  char *end;
+  errno = 0;
+  unsigned long long x = v && *v != '-' ? strtoull(v, &end, 10) : 0;
+  if (!v || *v == '-' || errno || *end || x >= UINT32_MAX) {
+    fprintf(stderr, "kvtier-bench replay: %s '%s': expected a block count\n", opt, v ? v : "");
+    return -1;
+  }
+  *out = x;
+  return 0;
+}
+
+/* Returns 0 to run, 1 after --help, 2 on a usage error. */
+static int parse(int argc, char **argv, replay_cli *o) {
+  for (int i = 1; i < argc; i++) {
+    int s = kvt_bench_source_option(&o->src, "replay", argc, argv, &i);
+    if (s < 0) return 2;
+    if (s > 0) continue;
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+      usage(stdout);
+      return 1;
+    } else if (!strcmp(a, "--json")) {
+      o->json = 1;
+    } else if (!strcmp(a, "--whole-ids")) {
+      o->ro.whole_ids = 1;
+    } else if (!v) {
+      fprintf(stderr, "kvtier-bench replay: unknown option or missing value '%s'\n", a);
+      return 2;
+    } else if (i++, !strcmp(a, "--device-blocks")) {
+      if (parse_count(a, v, &o->ro.device_blocks)) return 2;
+      o->have_dev = 1;
+    } else if (!strcmp(a, "--host-blocks")) {
+      if (parse_count(a, v, &o->ro.host_blocks)) return 2;
+      o->have_host = 1;
+    } else if (!strcmp(a, "--disk-blocks")) {
+      if (parse_count(a, v, &o->ro.disk_blocks)) return 2;
+      o->have_disk = 1;
+    } else if (!strcmp(a, "--model")) {
+      o->ro.model = v;
+    } else if (!strcmp(a, "--payload")) {
+      if (strcmp(v, "none") && strcmp(v, "real")) {
+        fprintf(stderr, "kvtier-bench replay: --payload '%s': expected none or real\n", v);
+        return 2;
+      }
+      o->ro.payload_real = !strcmp(v, "real");
+    } else if (!strcmp(a, "--payload-scale")) {
+      uint64_t sc;
+      if (parse_count(a, v, &sc) || !sc) return 2;
+      o->ro.payload_scale = (uint32_t)sc;
+    } else if (!strcmp(a, "--disk-path")) {
+      o->ro.disk_path = v;
+    } else if (!strcmp(a, "--restore")) {
+      if (!strcmp(v, "plan")) o->ro.restore = KVT_BENCH_RESTORE_PLAN;
+      else if (!strcmp(v, "all")) o->ro.restore = KVT_BENCH_RESTORE_ALL;
+      else if (!strcmp(v, "none")) o->ro.restore = KVT_BENCH_RESTORE_NONE;
+      else {
+        fprintf(stderr, "kvtier-bench replay: --restore '%s': expected plan, all or none\n", v);
+        return 2;
+      }
+    } else {
+      fprintf(stderr, "kvtier-bench replay: unknown option '%s'\n", a);
+      return 2;
+    }
+  }
+  return 0;
+}
+
+static void progress(double f) { kvt_bench_progress("replay", f); }
+
+static double ratio(uint64_t a, uint64_t b) { return b ? (double)a / (double)b : 0.0; }
+
+static void print_json(const kvt_bench_trace *t, const replay_cli *o, const kvt_bench_replay_result *r) {
+  const kvt_stats *st = &r->st;
+  uint64_t mb = r->model_block_bytes;
+  printf("{\"source\":\"%s\",\"model\":\"%s\",\"block_tokens\":%u,\"payload\":\"%s\",\"payload_scale\":%u,"
+         "\"restore\":\"%s\",\"whole_ids\":%d,",
+         t->source, o->ro.model, t->block_tokens, o->ro.payload_real ? "real" : "none", r->payload_scale,
+         o->ro.restore == KVT_BENCH_RESTORE_PLAN ? "plan" : o->ro.restore == KVT_BENCH_RESTORE_ALL ? "all" : "none",
+         o->ro.whole_ids);
+  printf("\"device_blocks\":%llu,\"device_slots\":%llu,\"host_blocks\":%llu,\"disk_blocks\":%llu,",
+         (unsigned long long)o->ro.device_blocks, (unsigned long long)r->device_slots,
+         (unsigned long long)o->ro.host_blocks, (unsigned long long)o->ro.disk_blocks);
+  printf("\"requests\":%llu,\"blocks_total\":%llu,\"blocks_hit\":%llu,\"block_hit_ratio\":%.6f,"
+         "\"tokens_total\":%llu,\"tokens_hit\":%llu,\"token_hit_ratio\":%.6f,",
+         (unsigned long long)r->requests, (unsigned long long)r->blocks_total, (unsigned long long)r->blocks_hit,
+         ratio(r->blocks_hit, r->blocks_total), (unsigned long long)r->tokens_total,
+         (unsigned long long)r->tokens_hit, ratio(r->tokens_hit, r->tokens_total));
+  printf("\"hits_device\":%llu,\"hits_host\":%llu,\"hits_disk\":%llu,\"blocks_restored\":%llu,"
+         "\"blocks_reused_device\":%llu,\"blocks_loaded\":%llu,\"blocks_from_disk\":%llu,"
+         "\"blocks_recomputed\":%llu,\"blocks_load_failed\":%llu,\"truncated_requests\":%llu,"
+         "\"acquire_retries\":%llu,",
+         (unsigned long long)r->hits_device, (unsigned long long)r->hits_host, (unsigned long long)r->hits_disk,
+         (unsigned long long)r->blocks_restored, (unsigned long long)r->blocks_reused,
+         (unsigned long long)r->blocks_loaded, (unsigned long long)r->blocks_from_disk,
+         (unsigned long long)r->blocks_recomputed, (unsigned long long)r->blocks_load_failed,
+         (unsigned long long)r->truncated_requests, (unsigned long long)r->acquire_retries);
+  printf("\"decisions\":{\"recompute\":%llu,\"restore\":%llu,\"split\":%llu},",
+         (unsigned long long)r->decisions[0], (unsigned long long)r->decisions[1], (unsigned long long)r->decisions[2]);
+  printf("\"blocks_moved\":{\"d2h\":%llu,\"h2d\":%llu,\"h2disk\":%llu,\"disk2h\":%llu},",
+         (unsigned long long)st->blocks_d2h, (unsigned long long)st->blocks_h2d,
+         (unsigned long long)st->blocks_h2disk, (unsigned long long)st->blocks_disk2h);
+  printf("\"model_block_bytes\":%llu,\"model_bytes_moved\":{\"d2h\":%llu,\"h2d\":%llu,\"h2disk\":%llu,\"disk2h\":%llu},",
+         (unsigned long long)mb, (unsigned long long)(st->blocks_d2h * mb), (unsigned long long)(st->blocks_h2d * mb),
+         (unsigned long long)(st->blocks_h2disk * mb), (unsigned long long)(st->blocks_disk2h * mb));
+  printf("\"bytes_moved\":{\"d2h\":%llu,\"h2d\":%llu,\"h2disk\":%llu,\"disk2h\":%llu},",
+         (unsigned long long)st->bytes_d2h, (unsigned long long)st->bytes_h2d, (unsigned long long)st->bytes_h2disk,
+         (unsigned long long)st->bytes_disk2h);
+  printf("\"evictions\":{\"device\":%llu,\"host\":%llu,\"disk\":%llu},",
+         (unsigned long long)st->evictions_device, (unsigned long long)st->evictions_host,
+         (unsigned long long)st->evictions_disk);
+  printf("\"payload_verified\":%llu,\"payload_corrupt\":%llu,\"io_errors\":%llu,\"checksum_failures\":%llu,",
+         (unsigned long long)r->payload_verified, (unsigned long long)r->payload_corrupt,
+         (unsigned long long)st->io_errors, (unsigned long long)st->checksum_failures);
+  printf("\"ttft_p50_s\":%.6g,\"ttft_p99_s\":%.6g,\"ttft_mean_s\":%.6g,"
+         "\"ttft_recompute_only_p50_s\":%.6g,\"ttft_recompute_only_p99_s\":%.6g,\"ttft_recompute_only_mean_s\":%.6g,"
+         "\"ttft_device_only_p50_s\":%.6g,\"ttft_device_only_p99_s\":%.6g,\"ttft_device_only_mean_s\":%.6g,"
+         "\"device_only_block_hit_ratio\":%.6f,\"wall_s\":%.4f}\n",
+         r->ttft_p50_s, r->ttft_p99_s, r->ttft_mean_s, r->ttft_recompute_p50_s, r->ttft_recompute_p99_s,
+         r->ttft_recompute_mean_s, r->ttft_device_only_p50_s, r->ttft_device_only_p99_s, r->ttft_device_only_mean_s,
+         ratio(r->device_only_blocks_hit, r->blocks_total), r->wall_s);
+}
+
+static void human_bytes(char *buf, size_t n, double b) {
+  const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int i = 0;
+  while (b >= 1024 && i < 5) {
+    b /= 1024;
+    i++;
+  }
+  snprintf(buf, n, i ? "%.1f %s" : "%.0f %s", b, u[i]);
+}
+
+static void print_path(const char *name, uint64_t blocks, uint64_t model_bytes, uint64_t bytes, int real) {
+  char a[32], b[32];
+  human_bytes(a, sizeof a, (double)model_bytes);
+  human_bytes(b, sizeof b, (double)bytes);
+  printf("  %-16s %10llu blocks  %12s", name, (unsigned long long)blocks, a);
+  if (real) printf("  (%s moved here)", b);
+  printf("\n");
+}
+
+static void print_human(const kvt_bench_trace *t, const replay_cli *o, const kvt_bench_replay_result *r) {
+  const kvt_stats *st = &r->st;
+  uint64_t mb = r->model_block_bytes;
+  char bb[32], tier[3][32];
+  human_bytes(bb, sizeof bb, (double)mb);
+  uint64_t caps[3] = {o->ro.device_blocks, o->ro.host_blocks, o->ro.disk_blocks};
+  for (int i = 0; i < 3; i++) human_bytes(tier[i], sizeof tier[i], (double)caps[i] * (double)mb);
+  printf("kvtier replay: %s\n", t->source);
+  printf("  model %s, %u tokens/block = %s of KV per block; payload %s", o->ro.model, t->block_tokens, bb,
+         o->ro.payload_real ? "real" : "none (metadata only)");
+  if (o->ro.payload_real) {
+    char pb[32];
+    human_bytes(pb, sizeof pb, (double)r->payload_block_bytes);
+    printf(", %s per block (1/%u scale), disk backend %s", pb, r->payload_scale, r->disk_backend);
+  }
+  printf("\n  tiers: device %llu blocks (%s)%s, host %llu (%s), disk %llu (%s); restore: %s%s\n\n",
+         (unsigned long long)caps[0], tier[0], caps[0] ? "" : " = running request only",
+         (unsigned long long)caps[1], tier[1], (unsigned long long)caps[2], tier[2],
+         o->ro.restore == KVT_BENCH_RESTORE_PLAN ? "planner" : o->ro.restore == KVT_BENCH_RESTORE_ALL ? "all" : "none",
+         o->ro.whole_ids ? "; partial ids counted as blocks" : "; full blocks only");
+  printf("  requests          %10llu   (%.3f s wall, %.0f requests/s)\n", (unsigned long long)r->requests,
+         r->wall_s, r->wall_s > 0 ? r->requests / r->wall_s : 0);
+  printf("  blocks            %10llu   hit %llu: block hit ratio %.4f, token hit ratio %.4f\n",
+         (unsigned long long)r->blocks_total, (unsigned long long)r->blocks_hit, ratio(r->blocks_hit, r->blocks_total),
+         ratio(r->tokens_hit, r->tokens_total));
+  printf("  hits by tier      device %llu (%.1f%%)  host %llu (%.1f%%)  disk %llu (%.1f%%)\n",
+         (unsigned long long)r->hits_device, 100 * ratio(r->hits_device, r->blocks_hit),
+         (unsigned long long)r->hits_host, 100 * ratio(r->hits_host, r->blocks_hit),
+         (unsigned long long)r->hits_disk, 100 * ratio(r->hits_disk, r->blocks_hit));
+  printf("  blocks restored   %10llu   (%llu reused on device, %llu loaded, of which %llu from disk)\n",
+         (unsigned long long)r->blocks_restored, (unsigned long long)r->blocks_reused,
+         (unsigned long long)r->blocks_loaded, (unsigned long long)r->blocks_from_disk);
+  printf("  blocks recomputed %10llu   (%llu requests longer than the device tier; %llu loads failed)\n",
+         (unsigned long long)r->blocks_recomputed, (unsigned long long)r->truncated_requests,
+         (unsigned long long)r->blocks_load_failed);
+  if (r->acquire_retries)
+    printf("  acquire retried   %10llu   times after KVT_ENOSPACE (engine bug, tests/test_repro_acquire_host_room.c)\n",
+           (unsigned long long)r->acquire_retries);
+  printf("  planner decisions recompute %llu, restore %llu, split %llu\n", (unsigned long long)r->decisions[0],
+         (unsigned long long)r->decisions[1], (unsigned long long)r->decisions[2]);
+  printf("  evictions         device %llu, host %llu, disk %llu\n", (unsigned long long)st->evictions_device,
+         (unsigned long long)st->evictions_host, (unsigned long long)st->evictions_disk);
+  printf("\n  moved (KV bytes at the model's block size%s):\n", o->ro.payload_real ? "; in brackets, as replayed" : "");
+  print_path("device -> host", st->blocks_d2h, st->blocks_d2h * mb, st->bytes_d2h, o->ro.payload_real);
+  print_path("host -> device", st->blocks_h2d, st->blocks_h2d * mb, st->bytes_h2d, o->ro.payload_real);
+  print_path("host -> disk", st->blocks_h2disk, st->blocks_h2disk * mb, st->bytes_h2disk, o->ro.payload_real);
+  print_path("disk -> host", st->blocks_disk2h, st->blocks_disk2h * mb, st->bytes_disk2h, o->ro.payload_real);
+  if (o->ro.payload_real)
+    printf("  restored blocks verified %llu, corrupt %llu; io errors %llu, checksum failures %llu\n",
+           (unsigned long long)r->payload_verified, (unsigned long long)r->payload_corrupt,
+           (unsigned long long)st->io_errors, (unsigned long long)st->checksum_failures);
+  printf("\n  estimated TTFT (cost model, default hw)     p50        p99       mean   block hits\n");
+  printf("  %-40s %9.4f s %9.4f s %9.4f s   %.4f\n", "kvtier (these tiers)", r->ttft_p50_s, r->ttft_p99_s,
+         r->ttft_mean_s, ratio(r->blocks_hit, r->blocks_total));
+  if (o->ro.device_blocks)
+    printf("  %-40s %9.4f s %9.4f s %9.4f s   %.4f\n", "device-only prefix cache (same device)",
+           r->ttft_device_only_p50_s, r->ttft_device_only_p99_s, r->ttft_device_only_mean_s,
+           ratio(r->device_only_blocks_hit, r->blocks_total));
+  printf("  %-40s %9.4f s %9.4f s %9.4f s   %.4f\n", "always recompute", r->ttft_recompute_p50_s,
+         r->ttft_recompute_p99_s, r->ttft_recompute_mean_s, 0.0);
+}
+
+static int replay_main(int argc, char **argv) {
+  static replay_cli o;
+  memset(&o, 0, sizeof o);
+  kvt_bench_source_init(&o.src);
+  kvt_bench_replay_opts_init(&o.ro);
+  int rc = parse(argc, argv, &o);
+  if (rc) return rc == 1 ? 0 : rc;
+  kvt_bench_trace t;
+  if (kvt_bench_source_load(&o.src, "replay", &t)) return 1;
+  uint32_t bt = t.block_tokens;
+  if (!o.have_dev) o.ro.device_blocks = DEFAULT_DEVICE_TOKENS / bt;
+  if (!o.have_host) o.ro.host_blocks = DEFAULT_HOST_TOKENS / bt;
+  if (!o.have_disk) o.ro.disk_blocks = DEFAULT_DISK_TOKENS / bt;
+  o.ro.progress = progress;
+  kvt_bench_replay_result r;
+  char err[256] = "";
+  rc = kvt_bench_replay_run(&t, &o.ro, &r, err, sizeof err);
+  kvt_bench_progress_done();
+  if (rc) {
+    fprintf(stderr, "kvtier-bench replay: %s\n", err);
+    kvt_bench_trace_free(&t);
+    return 1;
+  }
+  if (o.json) print_json(&t, &o, &r);
+  else print_human(&t, &o, &r);
+  kvt_bench_trace_free(&t);
+  return 0;
+}
+
+KVT_BENCH_COMMAND(replay, "replay a trace or the multiround workload through the engine (hits, TTFT)",
+                  replay_main)
