@@ -40,21 +40,21 @@ static void count_eviction(kvt_cache *c, int tier) {
   else c->st.evictions_disk++;
 }
 
-static int evict_some(kvt_cache *c, int tier, uint32_t want);
+static int evict_some(kvt_cache *c, int tier, uint32_t want, int drop_only);
 
 /* A free slot in `tier` now, evicting without waiting; KVT__NONE if none. */
 static uint32_t take_slot_nowait(kvt_cache *c, int tier) {
   uint32_t s = kvt__slots_take(&c->slots[tier]);
   if (s != KVT__NONE) return s;
-  evict_some(c, tier, 1);
+  evict_some(c, tier, 1, 0);
   return kvt__slots_take(&c->slots[tier]);
 }
 
 /* Starts freeing up to `want` slots of `tier`: drops victims that have a
  * copy below, demotes the others in one batched job. Returns slots freed
  * at once; c->freeing[tier] counts those that demotions will free. */
-static int evict_some(kvt_cache *c, int tier, uint32_t want) {
-  int lower = lower_tier(c, tier), freed = 0;
+static int evict_some(kvt_cache *c, int tier, uint32_t want, int drop_only) {
+  int lower = drop_only ? -1 : lower_tier(c, tier), freed = 0;
   uint32_t job = KVT__NONE;
   uint32_t e = kvt__index_victim(&c->map, tier);
   while (want > 0 && e != KVT__NONE) {
@@ -107,10 +107,15 @@ int kvt__make_room(kvt_cache *c, int tier, uint32_t need, int may_wait) {
     uint32_t have = c->slots[tier].n_free;
     if (have >= need) return 0;
     uint32_t coming = c->freeing[tier];
-    if (have + coming < need) evict_some(c, tier, need - have - coming);
+    if (have + coming < need) evict_some(c, tier, need - have - coming, 0);
     if (c->slots[tier].n_free >= need) return 0;
-    /* Nothing in flight can free a slot: everything is pinned. */
-    if (c->inflight == 0) return KVT_ENOSPACE;
+    if (c->inflight == 0) {
+      /* No copy in flight can free a slot, and the tier below has no room
+       * for more copies (its slots are pinned or staged): drop victims
+       * rather than fail the request. Pinned blocks are never dropped. */
+      evict_some(c, tier, need - c->slots[tier].n_free, 1);
+      return c->slots[tier].n_free >= need ? 0 : KVT_ENOSPACE;
+    }
     if (!may_wait) return KVT_EAGAIN;
     if (c->n_submitq) {
       /* Our demotions must be under way before we wait for them. */

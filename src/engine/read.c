@@ -176,6 +176,7 @@ static void fill_request(kvt_cache *c, kvt__request *rq, uint32_t job, const kvt
                          const uint32_t *tokens, uint32_t *slots) {
   uint32_t total = rq->n_blocks + rq->n_extra;
   kvt__job *jb = job == KVT__NONE ? NULL : &c->jobs[job];
+  uint32_t staged = 0; /* host slots held in jb->dev_slots by kvt_acquire */
   for (uint32_t i = 0; i < total; i++) {
     kvt__ref *r = &c->refs[rq->ref0 + i];
     const uint32_t *tok = tokens && i < rq->n_blocks ? tokens + (size_t)i * c->bt : NULL;
@@ -204,7 +205,7 @@ static void fill_request(kvt_cache *c, kvt__request *rq, uint32_t job, const kvt
     if (r->tier == KVT__T_HOST) {
       op->slot[KVT__T_HOST] = en->slot[KVT__T_HOST];
     } else { /* disk: stage through a host slot, kept pinned for the load */
-      uint32_t hs = kvt__slots_take(&c->slots[KVT__T_HOST]);
+      uint32_t hs = jb->dev_slots[staged++];
       op->slot[KVT__T_HOST] = hs;
       op->slot[KVT__T_DISK] = en->slot[KVT__T_DISK];
       op->from_disk = 1;
@@ -252,15 +253,18 @@ int kvt_acquire(kvt_cache *c, const kvt_key *keys, const uint32_t *tokens, size_
     }
     pthread_cond_wait(&c->cond, &c->lock);
   }
-  uint32_t n_copy = sr.n - sr.per_tier[KVT__T_DEV];
+  uint32_t n_copy = sr.n - sr.per_tier[KVT__T_DEV], n_stage = 0;
   if (n_copy && (job = kvt__job_new(c, KVT__JOB_LOAD, 0)) == KVT__NONE) rc = may_wait ? KVT_ENOSPACE : KVT_EAGAIN;
-  else if ((rc = kvt__make_room(c, KVT__T_HOST, sr.per_tier[KVT__T_DISK], may_wait)) == 0)
+  else if ((rc = kvt__make_room(c, KVT__T_HOST, sr.per_tier[KVT__T_DISK], may_wait)) == 0) {
+    /* Hold the staging slots now: the device's demotions below need host
+     * slots too, and must make their own room rather than take these. */
+    uint32_t *stage = job == KVT__NONE ? NULL : c->jobs[job].dev_slots;
+    for (; n_stage < sr.per_tier[KVT__T_DISK]; n_stage++) stage[n_stage] = kvt__slots_take(&c->slots[KVT__T_HOST]);
     rc = kvt__make_room(c, KVT__T_DEV, total - sr.per_tier[KVT__T_DEV], may_wait);
-  /* make_room may have waited; the prefix stayed pinned, but a demotion
-   * may have taken the host slots meant for the disk blocks. */
-  if (rc == 0 && c->slots[KVT__T_HOST].n_free < sr.per_tier[KVT__T_DISK]) rc = may_wait ? KVT_ENOSPACE : KVT_EAGAIN;
+  }
   if (rc == 0 && c->n_req_free == 0) rc = KVT_ENOSPACE;
   if (rc != 0) {
+    for (uint32_t i = 0; i < n_stage; i++) kvt__slots_put(&c->slots[KVT__T_HOST], c->jobs[job].dev_slots[i]);
     unpin_prefix(c, refs, sr.n);
     refs_free(c, ref0, total);
     if (job != KVT__NONE) kvt__job_free(c, job);
