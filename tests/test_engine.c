@@ -300,6 +300,40 @@ static void bad_arguments_get_codes(void **state) {
   fixture_close(&f);
 }
 
+/* Without a GPU (or without the toolkit) CUDA fails cleanly and AUTO
+ * falls back to the host backend. */
+static void no_device_fails_cleanly(void **state) {
+  kvt_config cfg = fixture_config(4);
+  cfg.device = KVT_DEVICE_CUDA;
+  fixture f;
+  memset(&f, 0, sizeof f);
+  kvt_cache *c = NULL;
+  int rc = kvt_open(&cfg, &c);
+  if (rc == 0) {
+    static unsigned char pool[FIX_SEG_BYTES * 4];
+    kvt_segment seg[2] = {{pool, FIX_SEG_BYTES, FIX_SEG_BYTES}, {pool + FIX_SEG_BYTES * 2, FIX_SEG_BYTES, FIX_SEG_BYTES}};
+    kvt_layout lay;
+    kvt_layout_init(&lay);
+    lay.num_layers = 1;
+    lay.num_slots = 2;
+    lay.segments = seg;
+    rc = kvt_register_layout(c, &lay);
+    kvt_close(c);
+  }
+  if (rc == 0) skip(); /* a GPU is present: test_cuda_backend covers it */
+  assert_int_equal(rc, KVT_ENODEV);
+  cfg.device = KVT_DEVICE_AUTO;
+  fixture_open_cfg(&f, &cfg, 8);
+  assert_string_equal(kvt_device_backend_name(f.c), "host");
+  kvt_key k[2];
+  uint32_t t[2 * BT];
+  keys_for(&f, 4, 2, k, t);
+  assert_int_equal(run_request(&f, k, t, 2, 4), 0);
+  offload(&f, k, 2);
+  assert_int_equal(run_request(&f, k, t, 2, 4), 2);
+  fixture_close(&f);
+}
+
 static void every_code_has_a_name(void **state) {
   int codes[] = {
 #define XX(name, value, text) name,
@@ -329,6 +363,7 @@ int main(void) {
       cmocka_unit_test(failed_load_means_recompute),
       cmocka_unit_test(write_through_copies_at_commit),
       cmocka_unit_test(bad_arguments_get_codes),
+      cmocka_unit_test(no_device_fails_cleanly),
       cmocka_unit_test(every_code_has_a_name),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
