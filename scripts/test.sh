@@ -17,6 +17,16 @@ cmake -S . -B build/ci -DKVT_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/n
 cmake --build build/ci -j"$jobs"
 ctest --test-dir build/ci --output-on-failure -j"$jobs"
 
+step "install, then build a consumer with find_package and with pkg-config"
+rm -rf build/ci-install build/consumer
+cmake --install build/ci --prefix "$PWD/build/ci-install" >/dev/null
+cmake -S tests/consumer -B build/consumer -DCMAKE_PREFIX_PATH="$PWD/build/ci-install" >/dev/null
+cmake --build build/consumer >/dev/null
+LD_LIBRARY_PATH="$PWD/build/ci-install/lib" build/consumer/consumer
+pc_dir=$(dirname "$(find build/ci-install -name kvtier.pc | head -1)")
+cc tests/consumer/consumer.c -o build/consumer/consumer-pc $(PKG_CONFIG_PATH="$pc_dir" pkg-config --cflags --libs kvtier)
+LD_LIBRARY_PATH="$PWD/build/ci-install/lib" build/consumer/consumer-pc
+
 step "ASan+UBSan: every test"
 cmake -S . -B build/asan -DKVT_WERROR=ON -DKVT_ASAN=ON -DKVT_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug >/dev/null
 cmake --build build/asan -j"$jobs"

@@ -377,16 +377,20 @@ KVT_API int kvt_get_calibrated_hw(kvt_cache *c, kvt_hw_desc *hw);
 typedef struct kvt_stats {
   uint32_t size; /* sizeof(kvt_stats); the caller sets it */
   uint32_t host_pool_pinned; /* 1 pinned by the device backend, 0 pageable (warning) */
-  uint64_t lookups, lookup_blocks;
+  uint64_t lookups, lookup_blocks;  /* kvt_lookup and kvt_plan_request calls, keys asked */
+  /* kvt_acquire: blocks restored by the tier they came from, and blocks not
+   * restored (absent, past the plan's k, or refused by verification). */
   uint64_t acquires, hits_device, hits_host, hits_disk, misses;
-  uint64_t blocks_committed;
-  uint64_t blocks_d2h, blocks_h2d, blocks_h2disk, blocks_disk2h;
+  uint64_t blocks_committed;        /* computed blocks that became cached */
+  uint64_t blocks_d2h, blocks_h2d, blocks_h2disk, blocks_disk2h; /* copies that landed */
   uint64_t bytes_d2h, bytes_h2d, bytes_h2disk, bytes_disk2h;
-  uint64_t evictions_device, evictions_host, evictions_disk;
-  uint64_t verify_mismatches, checksum_failures, io_errors, copy_errors;
+  uint64_t evictions_device, evictions_host, evictions_disk; /* blocks that left each tier */
+  uint64_t verify_mismatches;       /* token/parent checks that refused a restore */
+  uint64_t checksum_failures;       /* disk records that failed their checksum (then dropped) */
+  uint64_t io_errors, copy_errors;  /* failed disk I/Os, failed device copies (per block) */
   uint64_t jobs_started, jobs_failed;
-  uint64_t resident_device, resident_host, resident_disk;
-  uint64_t disk_recovered, disk_discarded;
+  uint64_t resident_device, resident_host, resident_disk; /* slots in use per tier */
+  uint64_t disk_recovered, disk_discarded; /* at kvt_register_layout */
   uint64_t metadata_bytes; /* tier map, jobs and requests */
 } kvt_stats;
 

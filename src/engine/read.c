@@ -142,6 +142,7 @@ static void scan_prefix(kvt_cache *c, const kvt_key *keys, const uint32_t *token
     kvt__entry *en = kvt__E(c, e);
     if (!kvt__key_eq(&en->parent, parent_of(c, keys, i))) break;
     int t = fastest_valid(en);
+    if (t == KVT__T_DISK && !kvt__has_tier(c, KVT__T_HOST)) break; /* disk blocks stage through the host */
     if (t < 0) {
       /* Being filled somewhere (a prefetch, a load for another request): wait for it. */
       for (int k = 0; k < KVT__NTIERS; k++) sr->must_wait |= en->state[k] == KVT__FILLING;
