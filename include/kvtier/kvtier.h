@@ -396,8 +396,10 @@ typedef struct kvt_stats {
 
 KVT_API int kvt_get_stats(kvt_cache *c, kvt_stats *st);
 
-/* Tier-map bytes per cached block (entry + index share); for sizing. */
-#define KVT_MAP_BYTES_PER_BLOCK 96
+/* Tier-map memory per block of capacity (device + host + disk slots),
+ * allocated at registration: an 80-byte entry, 16 to 32 bytes of index
+ * (load factor 1/4..1/2), 4 bytes of free-slot stack. Upper bound. */
+#define KVT_MAP_BYTES_PER_BLOCK 116
 
 #ifdef __cplusplus
 }

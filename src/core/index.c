@@ -6,6 +6,8 @@
 
 #include "core/hash.h"
 
+_Static_assert(sizeof(kvt__entry) == 80, "KVT_MAP_BYTES_PER_BLOCK in kvtier.h assumes 80-byte entries");
+
 static inline uint32_t tag_of(const kvt_key *k) { return (uint32_t)(k->hi >> 32) | 1u; }
 
 int kvt__index_init(kvt__index *ix, uint32_t capacity) {
