@@ -229,6 +229,35 @@ static void io_errors_fail_only_their_blocks(void **state) {
   fixture_close(&f);
 }
 
+/* Write-through: every committed block goes down to disk at once, so a
+ * restart finds it although it never left the device. */
+static void write_through_reaches_disk(void **state) {
+  kvt_config cfg = disk_config(8, 32, 1);
+  cfg.write_policy = KVT_WRITE_THROUGH;
+  fixture f;
+  fixture_open_cfg(&f, &cfg, 8);
+  if (backend_under_test == KVT_DISK_URING && strcmp(kvt_disk_backend_name(f.c), "io_uring") != 0) {
+    fixture_close(&f);
+    skip();
+  }
+  kvt_key k[4];
+  uint32_t t[4 * BT];
+  keys_for(&f, 11, 4, k, t);
+  assert_int_equal(run_request(&f, k, t, 4, 11), 0);
+  assert_int_equal(kvt_drain(f.c), 0);
+  kvt_stats st = stats(&f);
+  assert_int_equal(st.blocks_d2h, 4);
+  assert_int_equal(st.blocks_h2disk, 4);
+  assert_int_equal(st.resident_disk, 4);
+  assert_int_equal(look(&f, k, 4).n_device, 4);
+  fixture_close(&f);
+  cfg.disk_reset = 0;
+  fixture_open_cfg(&f, &cfg, 8);
+  assert_int_equal(stats(&f).disk_recovered, 4);
+  assert_int_equal(run_request(&f, k, t, 4, 11), 4);
+  fixture_close(&f);
+}
+
 static int setup_threads(void **state) {
   backend_under_test = KVT_DISK_THREADS;
   return 0;
@@ -247,6 +276,7 @@ int main(void) {
       BOTH(reopen_finds_completed_blocks),
       BOTH(corrupt_record_is_a_counted_miss),
       BOTH(io_errors_fail_only_their_blocks),
+      BOTH(write_through_reaches_disk),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -120,6 +120,9 @@ struct kvt_cache {
 /* jobs.c */
 uint32_t kvt__job_new(kvt_cache *c, int kind, uint32_t flags);
 void kvt__job_free(kvt_cache *c, uint32_t j);
+/* Appends to job j a copy of entry e from tier `from` (pinned there as the
+ * source) into slot dst of tier `to` (marked FILLING). Lock held. */
+kvt__op *kvt__job_add_copy(kvt_cache *c, uint32_t j, uint32_t e, int from, int to, uint32_t dst);
 kvt_job kvt__job_handle(const kvt_cache *c, uint32_t j);
 uint32_t kvt__job_from_handle(const kvt_cache *c, kvt_job h);
 void kvt__job_submit(kvt_cache *c, uint32_t j); /* lock NOT held */

@@ -75,15 +75,7 @@ static int evict_some(kvt_cache *c, int tier, uint32_t want, int drop_only) {
       if (jb->n_ops == c->cfg.max_job_blocks) break;
       uint32_t s = take_slot_nowait(c, lower);
       if (s == KVT__NONE) break; /* the tier below is freeing; wait for it */
-      kvt__op *op = &jb->ops[jb->n_ops++];
-      memset(op, 0, sizeof *op);
-      op->jb = jb;
-      op->entry = e;
-      op->ref = KVT__NONE;
-      for (int t = 0; t < KVT__NTIERS; t++) op->slot[t] = en->slot[t];
-      op->slot[lower] = s;
-      kvt__index_pin(&c->map, e, tier);
-      kvt__index_set_state(&c->map, e, lower, KVT__FILLING, s);
+      kvt__job_add_copy(c, job, e, tier, lower, s);
       c->freeing[tier]++;
       want--;
     }
@@ -153,20 +145,9 @@ uint32_t kvt__start_store(kvt_cache *c, const uint32_t *entries, uint32_t n, uin
   if (j == KVT__NONE) return KVT__NONE;
   kvt__job *jb = &c->jobs[j];
   for (uint32_t i = 0; i < n && jb->n_ops < c->cfg.max_job_blocks; i++) {
-    uint32_t e = entries[i];
-    kvt__entry *en = kvt__E(c, e);
     uint32_t s = kvt__slots_take(&c->slots[KVT__T_HOST]);
     if (s == KVT__NONE) break;
-    kvt__op *op = &jb->ops[jb->n_ops++];
-    memset(op, 0, sizeof *op);
-    op->jb = jb;
-    op->entry = e;
-    op->ref = KVT__NONE;
-    op->slot[KVT__T_DEV] = en->slot[KVT__T_DEV];
-    op->slot[KVT__T_HOST] = s;
-    op->slot[KVT__T_DISK] = KVT__NONE;
-    kvt__index_pin(&c->map, e, KVT__T_DEV);
-    kvt__index_set_state(&c->map, e, KVT__T_HOST, KVT__FILLING, s);
+    kvt__job_add_copy(c, j, entries[i], KVT__T_DEV, KVT__T_HOST, s);
     if (flags & KVT__JF_EVICT) c->freeing[KVT__T_DEV]++;
   }
   c->inflight++;

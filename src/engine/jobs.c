@@ -70,6 +70,21 @@ void kvt__job_free(kvt_cache *c, uint32_t j) {
   c->job_free[c->n_job_free++] = j;
 }
 
+kvt__op *kvt__job_add_copy(kvt_cache *c, uint32_t j, uint32_t e, int from, int to, uint32_t dst) {
+  kvt__job *jb = &c->jobs[j];
+  kvt__op *op = &jb->ops[jb->n_ops++];
+  const kvt__entry *en = kvt__E(c, e);
+  memset(op, 0, sizeof *op);
+  op->jb = jb;
+  op->entry = e;
+  op->ref = KVT__NONE;
+  for (int t = 0; t < KVT__NTIERS; t++) op->slot[t] = en->slot[t];
+  op->slot[to] = dst;
+  kvt__index_pin(&c->map, e, from);
+  kvt__index_set_state(&c->map, e, to, KVT__FILLING, dst);
+  return op;
+}
+
 kvt_job kvt__job_handle(const kvt_cache *c, uint32_t j) {
   return ((uint64_t)c->jobs[j].gen << 32) | (j + 1);
 }
@@ -238,16 +253,7 @@ static uint32_t write_through(kvt_cache *c, kvt__job *jb) {
     if (jb->ops[i].status || en->state[KVT__T_HOST] != KVT__VALID || en->state[KVT__T_DISK] != KVT__ABSENT) continue;
     if (kvt__make_room(c, KVT__T_DISK, 1, 0) != 0) break;
     if (j == KVT__NONE && (j = kvt__job_new(c, KVT__JOB_SPILL, 0)) == KVT__NONE) break;
-    uint32_t ds = kvt__slots_take(&c->slots[KVT__T_DISK]);
-    kvt__op *op = &c->jobs[j].ops[c->jobs[j].n_ops++];
-    memset(op, 0, sizeof *op);
-    op->entry = e;
-    op->ref = KVT__NONE;
-    op->slot[KVT__T_DEV] = KVT__NONE;
-    op->slot[KVT__T_HOST] = en->slot[KVT__T_HOST];
-    op->slot[KVT__T_DISK] = ds;
-    kvt__index_pin(&c->map, e, KVT__T_HOST);
-    kvt__index_set_state(&c->map, e, KVT__T_DISK, KVT__FILLING, ds);
+    kvt__job_add_copy(c, j, e, KVT__T_HOST, KVT__T_DISK, kvt__slots_take(&c->slots[KVT__T_DISK]));
   }
   return j;
 }

@@ -69,17 +69,7 @@ int kvt_prefetch(kvt_cache *c, const kvt_key *keys, size_t n, kvt_job *job) {
     if (j == KVT__NONE && (j = kvt__job_new(c, KVT__JOB_FETCH, KVT__JF_USER)) == KVT__NONE) break;
     kvt__job *jb = &c->jobs[j];
     if (jb->n_ops == c->cfg.max_job_blocks) break;
-    uint32_t hs = kvt__slots_take(&c->slots[KVT__T_HOST]);
-    kvt__op *op = &jb->ops[jb->n_ops++];
-    memset(op, 0, sizeof *op);
-    op->jb = jb;
-    op->entry = e;
-    op->ref = KVT__NONE;
-    op->slot[KVT__T_DEV] = KVT__NONE;
-    op->slot[KVT__T_HOST] = hs;
-    op->slot[KVT__T_DISK] = en->slot[KVT__T_DISK];
-    kvt__index_pin(&c->map, e, KVT__T_DISK);
-    kvt__index_set_state(&c->map, e, KVT__T_HOST, KVT__FILLING, hs);
+    kvt__job_add_copy(c, j, e, KVT__T_DISK, KVT__T_HOST, kvt__slots_take(&c->slots[KVT__T_HOST]));
   }
   if (j != KVT__NONE && c->jobs[j].n_ops == 0) {
     kvt__job_free(c, j);
