@@ -46,7 +46,8 @@ typedef struct replay_engine {
   kvt_cache *c;
   kvt_key *keys;
   uint32_t *slots;
-  uint64_t dev_slots;
+  uint8_t *tiers;
+  uint64_t dev_slots, host_blocks;
   int offload_after; /* device capacity 0: offload each request's blocks */
   /* Real payload: the engine's KV pool in RAM, one contiguous block per slot. */
   unsigned char *pool;
@@ -74,6 +75,7 @@ static void engine_close(replay_engine *e) {
   kvt_close(e->c);
   free(e->keys);
   free(e->slots);
+  free(e->tiers);
   free(e->pool);
   if (e->tmpdir[0]) {
     unlink(e->disk_file);
@@ -162,7 +164,9 @@ static int engine_open(replay_engine *e, const engine_args *a, char *err, size_t
   if ((rc = kvt_set_cost_model(e->c, a->model, &hw)) != 0) return fail_kvt(err, len, "kvt_set_cost_model", rc);
   e->keys = calloc(a->max_keyed + 1, sizeof *e->keys);
   e->slots = calloc(a->max_keyed + 1, sizeof *e->slots);
-  if (!e->keys || !e->slots) return set_err(err, len, "out of memory");
+  e->tiers = calloc(a->max_keyed + 1, 1);
+  e->host_blocks = a->host_blocks;
+  if (!e->keys || !e->slots || !e->tiers) return set_err(err, len, "out of memory");
   return 0;
 }
 
@@ -174,6 +178,7 @@ typedef struct step_out {
   uint32_t n_keyed, n_ready;
   uint64_t verified, corrupt;
   uint32_t retries;
+  int clipped;
 } step_out;
 
 /* The stamp a "computed" segment carries: its block key and segment index. */
@@ -204,6 +209,19 @@ static int offload(replay_engine *e, uint32_t n, char *err, size_t len) {
   return 0;
 }
 
+/* The longest restore whose disk blocks fit the host tier. */
+static size_t clip_to_host(replay_engine *e, uint32_t n, size_t restore) {
+  kvt_lookup_result lr = {.size = sizeof lr};
+  if (kvt_lookup(e->c, e->keys, n, &lr, e->tiers) != 0) return 0;
+  size_t k = 0;
+  uint64_t disk = 0;
+  for (; k < restore && k < lr.n_prefix; k++) {
+    disk += e->tiers[k] == KVT_TIER_DISK;
+    if (disk > e->host_blocks) break;
+  }
+  return k;
+}
+
 static int step(replay_engine *e, const kvt_bench_trace *t, const kvt_bench_req *q, const kvt_bench_replay_opts *o,
                 kvt_bench_restore mode, step_out *so, char *err, size_t len) {
   memset(so, 0, sizeof *so);
@@ -229,6 +247,16 @@ static int step(replay_engine *e, const kvt_bench_trace *t, const kvt_bench_req 
     rc = kvt_acquire(e->c, e->keys, NULL, n, restore, 0, 0, &req, e->slots, &so->info);
     if (rc != KVT_ENOSPACE || tries == 3) break;
     so->retries++;
+  }
+  /* Disk hits are staged through host slots, so a request cannot restore
+   * more disk blocks than the host tier holds; kvt_acquire then fails
+   * rather than restoring less. Restore the longest prefix that fits. */
+  if (rc == KVT_ENOSPACE && restore) {
+    size_t k = clip_to_host(e, n, restore);
+    if (k < restore) {
+      so->clipped = 1;
+      rc = kvt_acquire(e->c, e->keys, NULL, n, k, 0, 0, &req, e->slots, &so->info);
+    }
   }
   if (rc < 0) return fail_kvt(err, len, "kvt_acquire", rc);
   so->n_ready = so->info.n_restore;
@@ -311,6 +339,7 @@ static void account(kvt_bench_replay_result *r, const kvt_bench_trace *t, const 
   r->payload_verified += so->verified;
   r->payload_corrupt += so->corrupt;
   r->acquire_retries += so->retries;
+  r->restores_clipped += so->clipped;
 }
 
 static int run_loop(replay_state *s, const kvt_bench_trace *t, const kvt_bench_replay_opts *o,

@@ -25,6 +25,9 @@
  *  - A request longer than the device tier keys only its first
  *    device_blocks blocks (the engine cannot hold more); the rest are
  *    counted as missed blocks and recomputed, never cached.
+ *  - Disk hits are staged through host slots: a request whose restore
+ *    would stage more disk blocks than the host tier has restores the
+ *    longest prefix that fits (counted as restores_clipped).
  *  - The partial block and decode tokens get no device slots (extra_slots
  *    0): only keyed blocks compete for the device tier.
  *  - TTFT figures are the cost model's estimates (kvt_plan.est_ttft_s), not
@@ -74,6 +77,7 @@ typedef struct kvt_bench_replay_result {
   uint64_t blocks_load_failed;/* restores that did not land (recomputed) */
   uint64_t truncated_requests;/* longer than the device tier */
   uint64_t acquire_retries;   /* KVT_ENOSPACE retried (engine bug, see replay_core.c) */
+  uint64_t restores_clipped;  /* more disk hits than host slots: restored a shorter prefix */
   uint64_t decisions[3];      /* kvt_decision counts */
   uint64_t device_slots;      /* device tier actually configured */
   uint64_t model_block_bytes; /* KV bytes of one block of the model */
