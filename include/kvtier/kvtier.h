@@ -145,7 +145,12 @@ typedef struct kvt_config {
   uint64_t host_blocks;      /* slots in the pinned host pool; 0 = no host tier */
   int host_mlock;            /* mlock the host pool when no CUDA pinning (0) */
 
-  /* Disk tier (T2). */
+  /* Disk tier (T2). A file that holds another namespace or format (another
+   * model, layout, rank, tenant or kvtier version) is left untouched and
+   * kvtier starts clean in "<disk_path>.<namespace hex>" beside it; with
+   * disk_reset = 1 the file's old contents are discarded instead. Blocks
+   * whose write completed survive a restart with the same path and
+   * namespace; blocks only in RAM do not. */
   const char *disk_path;     /* file or block device; NULL = no disk tier */
   uint64_t disk_blocks;      /* record slots on disk */
   uint32_t disk_queue_depth; /* in-flight I/Os (32) */

@@ -156,6 +156,18 @@ static int open_disk(kvt_cache *c) {
                       .backend = c->cfg.disk_backend, .reset = c->cfg.disk_reset,
                       .bufs = c->disk_bufs, .buf_lens = c->disk_buf_lens, .n_bufs = c->host.base ? 1 : 0};
   int rc = kvt__disk_open(&dc, &c->disk);
+  if (rc == KVT_ENAMESPACE && !c->cfg.disk_reset) {
+    /* Another model, layout or format owns that file: start clean in a
+     * file of our own beside it and leave theirs untouched. */
+    char *alt = malloc(strlen(c->disk_path) + 40);
+    if (!alt) return -ENOMEM;
+    sprintf(alt, "%s.%016llx%016llx", c->disk_path, (unsigned long long)c->ns.hi, (unsigned long long)c->ns.lo);
+    free(c->disk_path);
+    c->disk_path = alt;
+    c->cfg.disk_path = alt;
+    dc.path = alt;
+    rc = kvt__disk_open(&dc, &c->disk);
+  }
   if (rc < 0) return rc;
   recovery rv = {c, calloc(c->cap[KVT__T_DISK], 1)};
   if (!rv.used) return -ENOMEM;
