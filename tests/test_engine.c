@@ -225,6 +225,31 @@ static void failed_load_means_recompute(void **state) {
   fixture_close(&f);
 }
 
+static int refuse_h2d_submit(void *ctx, int site, int64_t arg) {
+  return site == KVT_FAULT_DEV_SUBMIT && arg == KVT_XFER_H2D ? -EIO : 0;
+}
+
+/* A load the backend refuses: layer waits return, and the request recomputes. */
+static void refused_load_does_not_hang_layer_waits(void **state) {
+  fixture f;
+  fixture_open(&f, 16, 16);
+  kvt_key k[4];
+  uint32_t t[4 * BT], slots[4], ready = 99;
+  keys_for(&f, 6, 4, k, t);
+  run_request(&f, k, t, 4, 6);
+  offload(&f, k, 4);
+  kvt__fault_set(refuse_h2d_submit, NULL);
+  kvt_req r;
+  assert_true(kvt_acquire(f.c, k, t, 4, 4, 0, 0, &r, slots, NULL) >= 0);
+  for (uint32_t l = 0; l < FIX_LAYERS; l++) assert_int_equal(kvt_request_wait_layer(f.c, r, l, NULL), 0);
+  assert_int_equal(kvt_request_wait(f.c, r, -1, &ready), 0);
+  kvt__fault_set(NULL, NULL);
+  assert_int_equal(ready, 0);
+  assert_int_equal(kvt_release(f.c, r), 0);
+  assert_int_equal(run_request(&f, k, t, 4, 6), 4); /* the host copies were never at risk */
+  fixture_close(&f);
+}
+
 static void write_through_copies_at_commit(void **state) {
   kvt_config cfg = fixture_config(16);
   cfg.write_policy = KVT_WRITE_THROUGH;
@@ -361,6 +386,7 @@ int main(void) {
       cmocka_unit_test(pinned_blocks_are_never_evicted),
       cmocka_unit_test(layerwise_load_progress),
       cmocka_unit_test(failed_load_means_recompute),
+      cmocka_unit_test(refused_load_does_not_hang_layer_waits),
       cmocka_unit_test(write_through_copies_at_commit),
       cmocka_unit_test(bad_arguments_get_codes),
       cmocka_unit_test(no_device_fails_cleanly),

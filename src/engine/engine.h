@@ -42,6 +42,7 @@ typedef struct kvt__job {
   uint32_t index;
   uint32_t gen;
   uint8_t kind, busy, done, phase;
+  uint8_t submitted; /* loads: the device backend accepted the copy (layer waits may start) */
   uint32_t flags;
   int status;
   uint32_t n_ops, n_fetch; /* LOAD_AFTER: n_fetch of the ops are fetched first */

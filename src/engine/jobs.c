@@ -57,6 +57,7 @@ uint32_t kvt__job_new(kvt_cache *c, int kind, uint32_t flags) {
   jb->busy = 1;
   jb->done = 0;
   jb->phase = 0;
+  jb->submitted = 0;
   jb->flags = flags;
   jb->status = 0;
   jb->n_ops = jb->n_fetch = jb->pending = 0;
@@ -321,8 +322,19 @@ void kvt__job_submit(kvt_cache *c, uint32_t j) {
     return;
   }
   jb->xfer.done = dev_done;
+  uint32_t gen = jb->gen;
+  int load = jb->kind == KVT__JOB_LOAD;
   int rc = submit_dev(c, jb);
-  if (rc != 0) dev_done(&jb->xfer, rc > 0 ? 0 : rc);
+  if (rc != 0) {
+    dev_done(&jb->xfer, rc > 0 ? 0 : rc);
+  } else if (load) {
+    /* Layer waits go to the backend only once it holds the copy: a refused
+     * submission must not leave a waiter blocked on layers never copied. */
+    pthread_mutex_lock(&c->lock);
+    if (jb->gen == gen && jb->busy) jb->submitted = 1;
+    pthread_cond_broadcast(&c->cond);
+    pthread_mutex_unlock(&c->lock);
+  }
 }
 
 void kvt__queue_submit(kvt_cache *c, uint32_t j) { c->submitq[c->n_submitq++] = j; }

@@ -368,7 +368,7 @@ int kvt_request_layer_ready(kvt_cache *c, kvt_req req, uint32_t layer) {
   int rc = r == KVT__NONE ? KVT_ENOJOB : 0;
   if (rc == 0 && loading(c, &c->reqs[r])) {
     kvt__job *jb = &c->jobs[c->reqs[r].job];
-    rc = jb->phase == 2 && !c->metadata_only ? kvt__dev_layer_ready(&c->dev, &jb->xfer, layer) : 1;
+    rc = jb->submitted && !c->metadata_only ? kvt__dev_layer_ready(&c->dev, &jb->xfer, layer) : 1;
   }
   pthread_mutex_unlock(&c->lock);
   return rc;
@@ -383,8 +383,9 @@ int kvt_request_wait_layer(kvt_cache *c, kvt_req req, uint32_t layer, void *stre
     pthread_mutex_unlock(&c->lock);
     return KVT_ENOJOB;
   }
-  /* The device copy of a layer exists only once the fetch phase is over. */
-  while (loading(c, &c->reqs[r]) && c->jobs[c->reqs[r].job].phase != 2) pthread_cond_wait(&c->cond, &c->lock);
+  /* The device copy of a layer exists only once the fetch phase is over
+   * and the backend has accepted the load. */
+  while (loading(c, &c->reqs[r]) && !c->jobs[c->reqs[r].job].submitted) pthread_cond_wait(&c->cond, &c->lock);
   kvt__job *jb = loading(c, &c->reqs[r]) ? &c->jobs[c->reqs[r].job] : NULL;
   pthread_mutex_unlock(&c->lock);
   /* The job stays the request's until kvt_release, so jb is safe here. */
