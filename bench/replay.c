@@ -139,13 +139,12 @@ static void print_json(const kvt_bench_trace *t, const replay_cli *o, const kvt_
   printf("\"hits_device\":%llu,\"hits_host\":%llu,\"hits_disk\":%llu,\"blocks_restored\":%llu,"
          "\"blocks_reused_device\":%llu,\"blocks_loaded\":%llu,\"blocks_from_disk\":%llu,"
          "\"blocks_recomputed\":%llu,\"blocks_load_failed\":%llu,\"truncated_requests\":%llu,"
-         "\"acquire_retries\":%llu,\"restores_clipped\":%llu,",
+         "\"restores_clipped\":%llu,",
          (unsigned long long)r->hits_device, (unsigned long long)r->hits_host, (unsigned long long)r->hits_disk,
          (unsigned long long)r->blocks_restored, (unsigned long long)r->blocks_reused,
          (unsigned long long)r->blocks_loaded, (unsigned long long)r->blocks_from_disk,
          (unsigned long long)r->blocks_recomputed, (unsigned long long)r->blocks_load_failed,
-         (unsigned long long)r->truncated_requests, (unsigned long long)r->acquire_retries,
-         (unsigned long long)r->restores_clipped);
+         (unsigned long long)r->truncated_requests, (unsigned long long)r->restores_clipped);
   printf("\"decisions\":{\"recompute\":%llu,\"restore\":%llu,\"split\":%llu},",
          (unsigned long long)r->decisions[0], (unsigned long long)r->decisions[1], (unsigned long long)r->decisions[2]);
   printf("\"blocks_moved\":{\"d2h\":%llu,\"h2d\":%llu,\"h2disk\":%llu,\"disk2h\":%llu},",
@@ -226,9 +225,6 @@ static void print_human(const kvt_bench_trace *t, const replay_cli *o, const kvt
   printf("  blocks recomputed %10llu   (%llu requests longer than the device tier; %llu loads failed)\n",
          (unsigned long long)r->blocks_recomputed, (unsigned long long)r->truncated_requests,
          (unsigned long long)r->blocks_load_failed);
-  if (r->acquire_retries)
-    printf("  acquire retried   %10llu   times after KVT_ENOSPACE (engine bug, tests/test_repro_acquire_host_room.c)\n",
-           (unsigned long long)r->acquire_retries);
   if (r->restores_clipped)
     printf("  restores clipped  %10llu   (more disk hits than host slots to stage them)\n",
            (unsigned long long)r->restores_clipped);

@@ -48,6 +48,11 @@ typedef struct replay_engine {
   uint32_t *slots;
   uint8_t *tiers;
   uint64_t dev_slots, host_blocks;
+  /* Scaled payload: the engine's blocks are not the model's, which
+   * kvt_set_cost_model refuses; plans then come from kvt_lookup and
+   * kvt_cost_plan with the full-size model (no online calibration). */
+  const kvt_model_desc *plan_model;
+  kvt_hw_desc hw;
   int offload_after; /* device capacity 0: offload each request's blocks */
   /* Real payload: the engine's KV pool in RAM, one contiguous block per slot. */
   unsigned char *pool;
@@ -159,9 +164,10 @@ static int engine_open(replay_engine *e, const engine_args *a, char *err, size_t
   }
   if ((rc = kvt_open(&cfg, &e->c)) != 0) return fail_kvt(err, len, "kvt_open", rc);
   if ((rc = register_layout(e, a, err, len)) != 0) return rc;
-  kvt_hw_desc hw;
-  kvt_hw_init(&hw);
-  if ((rc = kvt_set_cost_model(e->c, a->model, &hw)) != 0) return fail_kvt(err, len, "kvt_set_cost_model", rc);
+  kvt_hw_init(&e->hw);
+  if (a->real && a->scale > 1) e->plan_model = a->model;
+  else if ((rc = kvt_set_cost_model(e->c, a->model, &e->hw)) != 0)
+    return fail_kvt(err, len, "kvt_set_cost_model", rc);
   e->keys = calloc(a->max_keyed + 1, sizeof *e->keys);
   e->slots = calloc(a->max_keyed + 1, sizeof *e->slots);
   e->tiers = calloc(a->max_keyed + 1, 1);
@@ -177,7 +183,6 @@ typedef struct step_out {
   kvt_acquire_info info;
   uint32_t n_keyed, n_ready;
   uint64_t verified, corrupt;
-  uint32_t retries;
   int clipped;
 } step_out;
 
@@ -233,21 +238,19 @@ static int step(replay_engine *e, const kvt_bench_trace *t, const kvt_bench_req 
   int rc = kvt_keys_from_opaque(e->c, t->ids + q->first_id, sizeof(uint64_t), n, e->keys);
   if (rc) return fail_kvt(err, len, "kvt_keys_from_opaque", rc);
   so->plan.size = sizeof so->plan;
-  if ((rc = kvt_plan_request(e->c, e->keys, n, n_tokens, &so->plan)) != 0)
+  if (e->plan_model) {
+    kvt_lookup_result lr = {.size = sizeof lr};
+    if ((rc = kvt_lookup(e->c, e->keys, n, &lr, e->tiers)) != 0) return fail_kvt(err, len, "kvt_lookup", rc);
+    rc = kvt_cost_plan(e->plan_model, &e->hw, t->block_tokens, n_tokens, lr.n_prefix, e->tiers, &so->plan);
+    if (rc) return fail_kvt(err, len, "kvt_cost_plan", rc);
+  } else if ((rc = kvt_plan_request(e->c, e->keys, n, n_tokens, &so->plan)) != 0) {
     return fail_kvt(err, len, "kvt_plan_request", rc);
+  }
   if (n == 0) return 0;
   size_t restore = mode == KVT_BENCH_RESTORE_PLAN ? so->plan.restore_blocks : mode == KVT_BENCH_RESTORE_ALL ? n : 0;
   kvt_req req;
   so->info.size = sizeof so->info;
-  /* Engine bug (tests/test_repro_acquire_host_room.c): a waiting acquire
-   * with disk hits can return KVT_ENOSPACE when the device's demotions take
-   * the host slots it freed for staging; the evictions it did make a retry
-   * succeed. Retries are counted and reported. */
-  for (int tries = 0;; tries++) {
-    rc = kvt_acquire(e->c, e->keys, NULL, n, restore, 0, 0, &req, e->slots, &so->info);
-    if (rc != KVT_ENOSPACE || tries == 3) break;
-    so->retries++;
-  }
+  rc = kvt_acquire(e->c, e->keys, NULL, n, restore, 0, 0, &req, e->slots, &so->info);
   /* Disk hits are staged through host slots, so a request cannot restore
    * more disk blocks than the host tier holds; kvt_acquire then fails
    * rather than restoring less. Restore the longest prefix that fits. */
@@ -338,7 +341,6 @@ static void account(kvt_bench_replay_result *r, const kvt_bench_trace *t, const 
   if (so->plan.decision <= KVT_DECIDE_SPLIT) r->decisions[so->plan.decision]++;
   r->payload_verified += so->verified;
   r->payload_corrupt += so->corrupt;
-  r->acquire_retries += so->retries;
   r->restores_clipped += so->clipped;
 }
 

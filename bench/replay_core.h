@@ -30,6 +30,11 @@
  *    longest prefix that fits (counted as restores_clipped).
  *  - The partial block and decode tokens get no device slots (extra_slots
  *    0): only keyed blocks compete for the device tier.
+ *  - Real payload at the model's block size: the engine's planner also
+ *    calibrates itself from the copies it times (this machine's memcpy and
+ *    disk speeds). Scaled down (payload_scale > 1), the engine's blocks are
+ *    not the model's, so plans come from kvt_lookup + kvt_cost_plan with the
+ *    full-size model and default hardware, without calibration.
  *  - TTFT figures are the cost model's estimates (kvt_plan.est_ttft_s), not
  *    measured times. Baselines on the same requests: always recompute (the
  *    planner with nothing cached) and a device-only prefix cache of the same
@@ -76,7 +81,6 @@ typedef struct kvt_bench_replay_result {
   uint64_t blocks_recomputed; /* keyed blocks computed (misses + planner's choice) */
   uint64_t blocks_load_failed;/* restores that did not land (recomputed) */
   uint64_t truncated_requests;/* longer than the device tier */
-  uint64_t acquire_retries;   /* KVT_ENOSPACE retried (engine bug, see replay_core.c) */
   uint64_t restores_clipped;  /* more disk hits than host slots: restored a shorter prefix */
   uint64_t decisions[3];      /* kvt_decision counts */
   uint64_t device_slots;      /* device tier actually configured */

@@ -1,8 +1,9 @@
-/* Reproducer (engine bug, found by kvtier-bench replay): kvt_acquire returns
- * KVT_ENOSPACE although every block is unpinned and a waiting acquire could
- * succeed. It makes room on the host for the disk hits first, then on the
- * device; the device's demotions take the host slots just freed, and the
- * check after them ("n_free < per_tier[DISK]") fails instead of retrying.
+/* Regression test for an engine bug found by kvtier-bench replay (fixed in
+ * 1ae38bf, "hold disk-staging host slots before device demotions"):
+ * kvt_acquire returned KVT_ENOSPACE although every block was unpinned and a
+ * waiting acquire could succeed. It made room on the host for the disk hits first, then on the
+ * device; the device's demotions took the host slots just freed, and the
+ * check after them failed instead of retrying.
  * Metadata-only, one request at a time: nothing is in flight or pinned. */
 #include "helpers.h"
 
