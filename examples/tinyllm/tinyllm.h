@@ -59,7 +59,7 @@ typedef struct tl_kv {
 int tl_kv_create(const tl_config *cfg, uint32_t n_slots, tl_kv *kv);
 void tl_kv_free(tl_kv *kv);
 
-/* Called before layer `layer` of the first chunk reads the cache: the
+/* Called before layer `layer` (of any token) reads the cache: the
  * engine waits there for restored blocks of that layer to land. Nonzero
  * aborts the forward with that code. */
 typedef int (*tl_layer_wait_fn)(void *ctx, uint32_t layer);

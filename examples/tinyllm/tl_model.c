@@ -144,7 +144,7 @@ static size_t scratch_floats(const tl_config *c) {
 static int alloc_acts(tl_model *m) {
   const tl_config *c = &m->cfg;
   size_t n = c->chunk, qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
-  m->x = calloc(n * c->dim, sizeof(float));
+  m->x = calloc((size_t)c->max_ctx * c->dim, sizeof(float)); /* every token's residual */
   m->h = calloc(n * c->dim, sizeof(float));
   m->qkv = calloc(n * (qd + 2 * kvd), sizeof(float));
   m->q = calloc(n * qd, sizeof(float));
@@ -280,48 +280,53 @@ static void silu_mul(float *gu, float *act, uint32_t n, uint32_t f, float *tmp) 
   }
 }
 
-static void layer_forward(tl_model *m, const tl_kv *kv, uint32_t l, const uint32_t *slots, uint32_t p0, uint32_t n) {
+static void layer_forward(tl_model *m, const tl_kv *kv, uint32_t l, const uint32_t *slots, float *x, uint32_t p0,
+                          uint32_t n) {
   const tl_config *c = &m->cfg;
   const tl_layer *L = &m->layers[l];
   uint32_t d = c->dim, qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim, f = c->ffn_dim;
-  for (uint32_t t = 0; t < n; t++) tl_rmsnorm(m->x + (size_t)t * d, L->attn_norm, m->h + (size_t)t * d, d);
+  for (uint32_t t = 0; t < n; t++) tl_rmsnorm(x + (size_t)t * d, L->attn_norm, m->h + (size_t)t * d, d);
   tl_gemm(m->pool, m->h, L->wqkv, m->qkv, n, d, qd + 2 * kvd);
   scatter_qkv(m, kv, l, slots, p0, n);
   tl_attn_args a = {m->q, m->att, n, p0, c->n_heads, c->n_kv_heads, c->head_dim, c->block_tokens,
                     kv->k[l], kv->v[l], kv->seg_floats, slots, m->scratch};
   tl_attention(m->pool, &a);
   tl_gemm(m->pool, m->att, L->wo, m->o, n, qd, d);
-  for (size_t i = 0; i < (size_t)n * d; i++) m->x[i] += m->o[i];
-  for (uint32_t t = 0; t < n; t++) tl_rmsnorm(m->x + (size_t)t * d, L->ffn_norm, m->h + (size_t)t * d, d);
+  for (size_t i = 0; i < (size_t)n * d; i++) x[i] += m->o[i];
+  for (uint32_t t = 0; t < n; t++) tl_rmsnorm(x + (size_t)t * d, L->ffn_norm, m->h + (size_t)t * d, d);
   tl_gemm(m->pool, m->h, L->w13, m->gu, n, d, 2 * f);
   /* act row t goes to gu + t * f: below row t's inputs, so in place is safe. */
   silu_mul(m->gu, m->gu, n, f, m->tmp);
   tl_gemm(m->pool, m->gu, L->w2, m->o, n, f, d);
-  for (size_t i = 0; i < (size_t)n * d; i++) m->x[i] += m->o[i];
+  for (size_t i = 0; i < (size_t)n * d; i++) x[i] += m->o[i];
 }
 
+/* Layer-major: layer l runs over every chunk before layer l + 1 starts, so
+ * the wait for a restored layer overlaps with the whole prefill of the
+ * layers before it (as the cost model's overlap assumes). m->x holds the
+ * residual stream of every token; chunks bound the other activations. */
 int tl_forward(tl_model *m, const tl_kv *kv, const uint32_t *slots, const uint32_t *tokens, uint32_t from,
                uint32_t to, float *logits, tl_layer_wait_fn wait, void *wait_ctx) {
+  if (!m || !kv || !slots || !tokens || from >= to || to > m->cfg.max_ctx) return -EINVAL;
   const tl_config *c = &m->cfg;
-  if (!m || !kv || !slots || !tokens || from >= to || to > c->max_ctx) return -EINVAL;
-  uint32_t d = c->dim;
-  for (uint32_t p0 = from; p0 < to; p0 += c->chunk) {
-    uint32_t n = to - p0 < c->chunk ? to - p0 : c->chunk;
-    for (uint32_t t = 0; t < n; t++) {
-      uint32_t tok = tokens[p0 + t] % c->vocab;
-      memcpy(m->x + (size_t)t * d, m->emb + (size_t)tok * d, d * sizeof(float));
+  uint32_t d = c->dim, n = to - from;
+  for (uint32_t t = 0; t < n; t++) {
+    uint32_t tok = tokens[from + t] % c->vocab;
+    memcpy(m->x + (size_t)t * d, m->emb + (size_t)tok * d, d * sizeof(float));
+  }
+  for (uint32_t l = 0; l < c->n_layers; l++) {
+    if (wait) {
+      int rc = wait(wait_ctx, l);
+      if (rc) return rc;
     }
-    for (uint32_t l = 0; l < c->n_layers; l++) {
-      if (wait && p0 == from) {
-        int rc = wait(wait_ctx, l);
-        if (rc) return rc;
-      }
-      layer_forward(m, kv, l, slots, p0, n);
+    for (uint32_t t0 = 0; t0 < n; t0 += c->chunk) {
+      uint32_t nc = n - t0 < c->chunk ? n - t0 : c->chunk;
+      layer_forward(m, kv, l, slots, m->x + (size_t)t0 * d, from + t0, nc);
     }
-    if (p0 + n == to && logits) {
-      tl_rmsnorm(m->x + (size_t)(n - 1) * d, m->out_norm, m->h, d);
-      tl_gemm(m->pool, m->h, m->head, logits, 1, d, c->vocab);
-    }
+  }
+  if (logits) {
+    tl_rmsnorm(m->x + (size_t)(n - 1) * d, m->out_norm, m->h, d);
+    tl_gemm(m->pool, m->h, m->head, logits, 1, d, c->vocab);
   }
   return 0;
 }
