@@ -302,8 +302,8 @@ int tl_engine_turn(tl_engine *e, tl_conv *cv, const uint32_t *msg, size_t n_msg,
   size_t n = cv->n + n_msg, bt = e->cfg->block_tokens;
   if (n == 0 || n + n_gen > e->cfg->max_ctx) return -EINVAL;
   memset(rep, 0, sizeof *rep);
-  memcpy(e->prompt, cv->tok, cv->n * sizeof *cv->tok);
-  memcpy(e->prompt + cv->n, msg, n_msg * sizeof *msg);
+  if (cv->n) memcpy(e->prompt, cv->tok, cv->n * sizeof *cv->tok);
+  if (n_msg) memcpy(e->prompt + cv->n, msg, n_msg * sizeof *msg);
   rep->ctx_tokens = n;
   double t0 = now_s();
   int rc = plan_turn(e, n, rep);
