@@ -1,0 +1,777 @@
+/* Injected faults at the backend wrappers (util/fault.h): device copy
+ * submission and completion errors, slow copies, disk EIO / ENOSPC / short
+ * transfers / EAGAIN at submission and completion, slow disk completions,
+ * host pool allocation failure, host pool exhaustion, corrupt records. For
+ * each: only the affected job fails, every other block stays readable and
+ * byte-exact, stats count the error, and the answer is "recompute" (a
+ * smaller n_ready), never wrong bytes. Tests named known_bug_* prove a
+ * library bug and run only with KVT_KNOWN_BUGS=1. */
+#include <fcntl.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include "kv_fixture.h"
+#include "kvtier/backend.h"
+#include "store/record.h"
+#include "util/fault.h"
+
+#define BT 16
+
+static int known_bugs(void) {
+  const char *e = getenv("KVT_KNOWN_BUGS");
+  return e && e[0] == '1';
+}
+
+/* ---- the fault plan: one rule at a time, read from backend threads ---- */
+
+typedef struct rule {
+  int site;
+  int64_t arg;  /* match this arg only; -1: any */
+  int value;    /* returned when the rule fires */
+  int skip;     /* matching calls let through first */
+  int count;    /* fires at most this often; -1: always */
+} rule;
+
+static rule plan;
+static atomic_int seen, fired;
+static atomic_int gate_closed; /* DELAY sites hold completions while set */
+static atomic_int gate_waiting;
+static long tried[KVT_FAULT_SITE_COUNT]; /* faults injected, per site, over the run */
+
+static int hook(void *ctx, int site, int64_t arg) {
+  if ((site == KVT_FAULT_DEV_DELAY_US || site == KVT_FAULT_IO_DELAY_US) && atomic_load(&gate_closed) &&
+      (plan.site == site)) {
+    atomic_fetch_add(&gate_waiting, 1);
+    while (atomic_load(&gate_closed)) usleep(200);
+    atomic_fetch_sub(&gate_waiting, 1);
+    atomic_fetch_add(&fired, 1);
+    return 0;
+  }
+  if (site != plan.site || (plan.arg >= 0 && arg != plan.arg)) return 0;
+  int n = atomic_fetch_add(&seen, 1);
+  if (n < plan.skip || (plan.count >= 0 && n >= plan.skip + plan.count)) return 0;
+  atomic_fetch_add(&fired, 1);
+  return plan.value;
+}
+
+static void arm(int site, int64_t arg, int value, int skip, int count) {
+  kvt__fault_set(NULL, NULL);
+  plan = (rule){site, arg, value, skip, count};
+  atomic_store(&seen, 0);
+  atomic_store(&fired, 0);
+  kvt__fault_set(hook, NULL);
+}
+
+/* Disarms and returns how many faults fired (added to the run's tally). */
+static int disarm(void) {
+  kvt__fault_set(NULL, NULL);
+  int n = atomic_load(&fired);
+  if (plan.site > 0 && plan.site < KVT_FAULT_SITE_COUNT) tried[plan.site] += n;
+  plan.site = 0;
+  return n;
+}
+
+static void close_gate(int site) {
+  atomic_store(&gate_closed, 1);
+  arm(site, -1, 0, 0, -1);
+}
+
+static void wait_gate_holds(void) {
+  while (atomic_load(&gate_waiting) == 0) usleep(200);
+}
+
+static void open_gate(void) { atomic_store(&gate_closed, 0); }
+
+/* ---- fixtures ---- */
+
+static char disk_path[4200];
+static int path_seq;
+
+static kvt_config disk_config(uint32_t host, uint64_t disk, kvt_write_policy wp) {
+  kvt_config cfg = fixture_config(host);
+  cfg.write_policy = wp;
+  snprintf(disk_path, sizeof disk_path, "%s/faults-%d.kvt", kvt_test_tmpdir(), path_seq++);
+  cfg.disk_path = disk_path;
+  cfg.disk_blocks = disk;
+  cfg.disk_backend = KVT_DISK_THREADS; /* deterministic everywhere; io_uring is covered by test_engine_disk */
+  cfg.disk_reset = 1;
+  return cfg;
+}
+
+/* Write-back: blocks reach the disk only when the host evicts them (spill
+ * tests). Write-through: every block is on disk at once, so host evictions
+ * drop copies without I/O and the only disk I/O of a restore is its reads. */
+static void open_disk(fixture *f, uint32_t slots, uint32_t host, uint64_t disk, kvt_write_policy wp) {
+  kvt_config cfg = disk_config(host, disk, wp);
+  fixture_open_cfg(f, &cfg, slots);
+}
+
+static void close_disk(fixture *f) {
+  fixture_close(f);
+  unlink(disk_path);
+}
+
+static void keys_for(fixture *f, uint32_t conv, uint32_t n, kvt_key *keys, uint32_t *tok) {
+  conv_tokens(tok, n * BT, conv);
+  size_t nk;
+  assert_int_equal(kvt_hash_tokens(f->c, NULL, tok, n * BT, keys, n, &nk), 0);
+  assert_int_equal(nk, n);
+}
+
+/* Offload; returns the store job's result (0 when there was nothing to copy). */
+static int offload(fixture *f, const kvt_key *keys, uint32_t n) {
+  kvt_job j;
+  int rc = kvt_store(f->c, keys, n, KVT_STORE_EVICT, &j);
+  assert_true(rc == 0 || rc == 1);
+  if (rc == 0) return 0;
+  rc = kvt_job_wait(f->c, j, -1);
+  assert_int_equal(kvt_job_release(f->c, j), 0);
+  return rc;
+}
+
+static kvt_lookup_result look(fixture *f, const kvt_key *keys, uint32_t n) {
+  kvt_lookup_result r = {.size = sizeof r};
+  assert_int_equal(kvt_lookup(f->c, keys, n, &r, NULL), 0);
+  return r;
+}
+
+static kvt_stats stats(fixture *f) {
+  kvt_stats st = {.size = sizeof st};
+  assert_int_equal(kvt_get_stats(f->c, &st), 0);
+  return st;
+}
+
+enum { NCONV = 3, NB = 4 };
+typedef struct world {
+  kvt_key k[NCONV][NB];
+  uint32_t t[NCONV][NB * BT];
+} world;
+
+/* Device 8, host 4, disk 32: conversations 0 and 1 end on disk, 2 on the
+ * host. No block is valid on the device afterwards, so the device pool is
+ * scribbled: only a restore can make a block's bytes right again. */
+static void fill(fixture *f, world *w) {
+  for (uint32_t c = 0; c < NCONV; c++) {
+    keys_for(f, c, NB, w->k[c], w->t[c]);
+    assert_int_equal(run_request(f, w->k[c], w->t[c], NB, c), 0);
+    assert_int_equal(kvt_drain(f->c), 0); /* write-through copies land first */
+    offload(f, w->k[c], NB);
+    assert_int_equal(kvt_drain(f->c), 0);
+  }
+  for (uint32_t c = 0; c < NCONV; c++) assert_int_equal(look(f, w->k[c], NB).n_device, 0);
+  fixture_scribble(f);
+}
+
+/* Restores conversation c: ready blocks are byte-exact (checked), the rest
+ * is recomputed and committed. Returns n_ready. */
+static uint32_t restore(fixture *f, world *w, uint32_t c) {
+  return run_request(f, w->k[c], w->t[c], NB, c);
+}
+
+/* Every conversation is readable and exact (all blocks restore, or the
+ * ones lost are recomputed) and a second pass hits everything. */
+static void all_readable(fixture *f, world *w) {
+  for (uint32_t c = 0; c < NCONV; c++) {
+    restore(f, w, c);
+    assert_int_equal(run_request(f, w->k[c], w->t[c], NB, c), NB);
+  }
+}
+
+/* ---- device copy faults ---- */
+
+static void store_copy_failure_keeps_device_copies(void **state) {
+  int sites[2] = {KVT_FAULT_DEV_COMPLETE, KVT_FAULT_DEV_SUBMIT};
+  for (int i = 0; i < 2; i++) {
+    fixture f;
+    fixture_open(&f, 16, 16);
+    world w;
+    for (uint32_t c = 0; c < NCONV; c++) {
+      keys_for(&f, c, NB, w.k[c], w.t[c]);
+      run_request(&f, w.k[c], w.t[c], NB, c);
+    }
+    assert_int_equal(offload(&f, w.k[2], NB), 0); /* a good store first */
+    arm(sites[i], KVT_XFER_D2H, -EIO, 0, 1);
+    assert_int_equal(offload(&f, w.k[0], NB), -EIO);
+    assert_int_equal(disarm(), 1);
+    kvt_stats st = stats(&f);
+    assert_int_equal(st.copy_errors, NB);
+    assert_int_equal(st.jobs_failed, 1);
+    assert_int_equal(st.blocks_d2h, NB);
+    /* The failed store lost nothing: still on the device, exact. */
+    kvt_lookup_result lr = look(&f, w.k[0], NB);
+    assert_int_equal(lr.n_device, NB);
+    assert_int_equal(st.resident_host, NB); /* only conversation 2's copies */
+    assert_int_equal(run_request(&f, w.k[0], w.t[0], NB, 0), NB);
+    /* The store is retried and works; all three restore exact from the host. */
+    assert_int_equal(offload(&f, w.k[0], NB), 0);
+    assert_int_equal(offload(&f, w.k[1], NB), 0);
+    assert_int_equal(look(&f, w.k[0], NB).n_host, NB);
+    all_readable(&f, &w);
+    fixture_close(&f);
+  }
+}
+
+static void load_copy_failure_means_recompute(void **state) {
+  int sites[2] = {KVT_FAULT_DEV_COMPLETE, KVT_FAULT_DEV_SUBMIT};
+  for (int i = 0; i < 2; i++) {
+    fixture f;
+    fixture_open(&f, 16, 16);
+    world w;
+    for (uint32_t c = 0; c < NCONV; c++) {
+      keys_for(&f, c, NB, w.k[c], w.t[c]);
+      run_request(&f, w.k[c], w.t[c], NB, c);
+      offload(&f, w.k[c], NB);
+    }
+    fixture_scribble(&f);
+    arm(sites[i], KVT_XFER_H2D, -EIO, 0, 1);
+    assert_int_equal(restore(&f, &w, 1), 0); /* all four recomputed */
+    assert_int_equal(disarm(), 1);
+    kvt_stats st = stats(&f);
+    assert_int_equal(st.copy_errors, NB);
+    assert_int_equal(st.jobs_failed, 1);
+    assert_int_equal(st.hits_host, NB);
+    /* The other conversations, and 1's host copies, are untouched. */
+    assert_int_equal(restore(&f, &w, 0), NB);
+    assert_int_equal(restore(&f, &w, 2), NB);
+    offload(&f, w.k[1], NB);
+    assert_int_equal(restore(&f, &w, 1), NB);
+    fixture_close(&f);
+  }
+}
+
+/* A device demotion (eviction device -> host) that fails: the acquire that
+ * needed the room still gets it or fails cleanly, and no block is lost. */
+static void demotion_copy_failure_loses_no_block(void **state) {
+  fixture f;
+  fixture_open(&f, 8, 16);
+  world w;
+  keys_for(&f, 0, NB, w.k[0], w.t[0]);
+  keys_for(&f, 1, NB, w.k[1], w.t[1]);
+  keys_for(&f, 2, NB, w.k[2], w.t[2]);
+  run_request(&f, w.k[0], w.t[0], NB, 0);
+  run_request(&f, w.k[1], w.t[1], NB, 1); /* device full */
+  arm(KVT_FAULT_DEV_COMPLETE, KVT_XFER_D2H, -EIO, 0, 1);
+  /* Conversation 2 needs 4 slots: 0's blocks are demoted; the first copy fails. */
+  assert_int_equal(run_request(&f, w.k[2], w.t[2], NB, 2), 0);
+  assert_int_equal(disarm(), 1);
+  assert_int_equal(kvt_drain(f.c), 0);
+  kvt_stats st = stats(&f);
+  assert_true(st.copy_errors >= 1);
+  assert_true(st.jobs_failed >= 1);
+  all_readable(&f, &w);
+  fixture_close(&f);
+}
+
+/* Bug: a device demotion copy that keeps failing (a broken device backend)
+ * turns kvt__make_room into a busy loop: each pass queues a new demotion,
+ * it fails at once, freeing[] drops back, and the loop queues another.
+ * The acquire never returns. Expected: drop the victims or KVT_ENOSPACE. */
+static void known_bug_persistent_demotion_failure_hangs_acquire(void **state) {
+  if (!known_bugs()) skip();
+  fixture f;
+  fixture_open(&f, 8, 16);
+  world w;
+  for (uint32_t c = 0; c < NCONV; c++) keys_for(&f, c, NB, w.k[c], w.t[c]);
+  run_request(&f, w.k[0], w.t[0], NB, 0);
+  run_request(&f, w.k[1], w.t[1], NB, 1);
+  arm(KVT_FAULT_DEV_SUBMIT, KVT_XFER_D2H, -EIO, 0, -1);
+  alarm(10); /* SIGALRM ends the process: the test fails instead of hanging CI */
+  kvt_req r;
+  uint32_t slots[NB];
+  int rc = kvt_acquire(f.c, w.k[2], w.t[2], NB, NB, 0, 0, &r, slots, NULL);
+  alarm(0);
+  disarm();
+  assert_true(rc == 0 || rc == KVT_ENOSPACE);
+  if (rc == 0) kvt_release(f.c, r);
+  fixture_close(&f);
+}
+
+/* Slow copies: the metadata lock is not held across a copy, so lookups,
+ * stats and other requests proceed while it is held back. */
+static void slow_copies_do_not_block_other_calls(void **state) {
+  fixture f;
+  fixture_open(&f, 16, 16);
+  world w;
+  for (uint32_t c = 0; c < NCONV; c++) {
+    keys_for(&f, c, NB, w.k[c], w.t[c]);
+    run_request(&f, w.k[c], w.t[c], NB, c);
+  }
+  offload(&f, w.k[0], NB);
+  close_gate(KVT_FAULT_DEV_DELAY_US);
+  kvt_job j;
+  assert_int_equal(kvt_store(f.c, w.k[1], NB, KVT_STORE_EVICT, &j), 1);
+  wait_gate_holds();
+  /* While the store is held: lookups, stats, a device-hit request, a load. */
+  assert_int_equal(kvt_job_poll(f.c, j), 1);
+  kvt_lookup_result lr = look(&f, w.k[1], NB);
+  assert_int_equal(lr.n_device, NB); /* still on the device until the copy lands */
+  assert_int_equal(run_request(&f, w.k[2], w.t[2], NB, 2), NB);
+  kvt_req r;
+  uint32_t slots[NB], ready = 9;
+  assert_int_equal(kvt_acquire(f.c, w.k[0], w.t[0], NB, NB, 0, 0, &r, slots, NULL), 1);
+  assert_int_equal(kvt_request_poll(f.c, r, &ready), 1); /* queued behind the held copy */
+  assert_int_equal(kvt_request_wait(f.c, r, 1000000, &ready), KVT_ETIMEDOUT);
+  assert_int_equal(kvt_commit(f.c, r, NB, NULL), KVT_EBUSY);
+  assert_int_equal(kvt_job_poll(f.c, j), 1);
+  open_gate();
+  assert_int_equal(kvt_job_wait(f.c, j, -1), 0);
+  assert_int_equal(kvt_request_wait(f.c, r, -1, &ready), 0);
+  assert_true(disarm() >= 1);
+  assert_int_equal(ready, NB);
+  for (uint32_t i = 0; i < NB; i++) assert_true(fixture_check(&f, slots[i], block_seed(0, i)));
+  assert_int_equal(kvt_commit(f.c, r, NB, NULL), 0);
+  assert_int_equal(kvt_release(f.c, r), 0);
+  assert_int_equal(kvt_job_release(f.c, j), 0);
+  assert_int_equal(look(&f, w.k[1], NB).n_host, NB);
+  all_readable(&f, &w);
+  fixture_close(&f);
+}
+
+/* There is no cancel call (KVT_ECANCELED exists, no function returns it):
+ * the nearest is releasing a job mid-way, which detaches it. The blocks it
+ * carries still land whole; nothing leaks (ASan). */
+static void job_released_midway_completes_whole(void **state) {
+  fixture f;
+  fixture_open(&f, 16, 16);
+  world w;
+  keys_for(&f, 0, NB, w.k[0], w.t[0]);
+  run_request(&f, w.k[0], w.t[0], NB, 0);
+  close_gate(KVT_FAULT_DEV_DELAY_US);
+  kvt_job j;
+  assert_int_equal(kvt_store(f.c, w.k[0], NB, KVT_STORE_EVICT, &j), 1);
+  wait_gate_holds();
+  assert_int_equal(kvt_job_release(f.c, j), 0);
+  assert_int_equal(kvt_job_poll(f.c, j), KVT_ENOJOB);
+  open_gate();
+  assert_int_equal(kvt_drain(f.c), 0);
+  disarm();
+  kvt_stats st = stats(&f);
+  assert_int_equal(st.blocks_d2h, NB);
+  assert_int_equal(st.jobs_failed, 0);
+  assert_int_equal(look(&f, w.k[0], NB).n_host, NB);
+  fixture_scribble(&f);
+  assert_int_equal(run_request(&f, w.k[0], w.t[0], NB, 0), NB);
+  fixture_close(&f);
+}
+
+/* ---- host pool ---- */
+
+static void host_alloc_failure_at_register(void **state) {
+  kvt_config cfg = fixture_config(8);
+  fixture f = {.slots = 8, .bt = BT};
+  for (int l = 0; l < FIX_LAYERS; l++)
+    for (int s = 0; s < 2; s++) {
+      f.pool[l][s] = calloc(8, FIX_SEG_BYTES);
+      f.seg[l * 2 + s] = (kvt_segment){f.pool[l][s], FIX_SEG_BYTES, FIX_SEG_BYTES};
+    }
+  kvt_layout lay;
+  kvt_layout_init(&lay);
+  lay.num_layers = FIX_LAYERS;
+  lay.num_slots = 8;
+  lay.segments = f.seg;
+  int codes[2] = {-ENOMEM, -EAGAIN};
+  for (int i = 0; i < 2; i++) {
+    assert_int_equal(kvt_open(&cfg, &f.c), 0);
+    arm(KVT_FAULT_HOST_ALLOC, -1, codes[i], 0, 1);
+    assert_int_equal(kvt_register_layout(f.c, &lay), codes[i]);
+    assert_int_equal(disarm(), 1);
+    /* Not registered: block calls say so, and close frees what was set up. */
+    kvt_lookup_result lr = {.size = sizeof lr};
+    kvt_key k = {1, 2};
+    assert_int_equal(kvt_lookup(f.c, &k, 1, &lr, NULL), KVT_ELAYOUT);
+    kvt_close(f.c);
+  }
+  /* A fresh cache with the same layout works. */
+  assert_int_equal(kvt_open(&cfg, &f.c), 0);
+  assert_int_equal(kvt_register_layout(f.c, &lay), 0);
+  kvt_key k[NB];
+  uint32_t t[NB * BT];
+  keys_for(&f, 3, NB, k, t);
+  run_request(&f, k, t, NB, 3);
+  assert_int_equal(offload(&f, k, NB), 0);
+  fixture_scribble(&f);
+  assert_int_equal(run_request(&f, k, t, NB, 3), NB);
+  fixture_close(&f);
+}
+
+/* Bug: a kvt_register_layout that failed part-way (here: host pool
+ * allocation) cannot be retried on the same cache: the retry allocates the
+ * segments, tier map, slot stacks and jobs again over the first attempt's
+ * (leaked) and adds the block bytes a second time. Expected: the retry
+ * works (or KVT_ESTATE), and nothing leaks. */
+static void known_bug_register_retry_after_failure(void **state) {
+  if (!known_bugs()) skip();
+  fixture f;
+  kvt_config cfg = fixture_config(8);
+  memset(&f, 0, sizeof f);
+  f.slots = 8;
+  for (int l = 0; l < FIX_LAYERS; l++)
+    for (int s = 0; s < 2; s++) {
+      f.pool[l][s] = calloc(8, FIX_SEG_BYTES);
+      f.seg[l * 2 + s] = (kvt_segment){f.pool[l][s], FIX_SEG_BYTES, FIX_SEG_BYTES};
+    }
+  kvt_layout lay;
+  kvt_layout_init(&lay);
+  lay.num_layers = FIX_LAYERS;
+  lay.num_slots = 8;
+  lay.segments = f.seg;
+  assert_int_equal(kvt_open(&cfg, &f.c), 0);
+  arm(KVT_FAULT_HOST_ALLOC, -1, -ENOMEM, 0, 1);
+  assert_int_equal(kvt_register_layout(f.c, &lay), -ENOMEM);
+  disarm();
+  int rc = kvt_register_layout(f.c, &lay);
+  assert_true(rc == 0 || rc == KVT_ESTATE);
+  if (rc == 0) assert_int_equal(kvt_block_bytes(f.c), FIX_LAYERS * 2 * FIX_SEG_BYTES);
+  fixture_close(&f);
+}
+
+/* Host tier smaller than what is stored: what fits is copied (and evicted
+ * from the device), the rest stays on the device; nothing is lost. */
+static void host_pool_exhaustion(void **state) {
+  fixture f;
+  fixture_open(&f, 16, 4);
+  kvt_key k[6];
+  uint32_t t[6 * BT];
+  keys_for(&f, 4, 6, k, t);
+  run_request(&f, k, t, 6, 4);
+  assert_int_equal(offload(&f, k, 6), 0);
+  kvt_stats st = stats(&f);
+  assert_int_equal(st.resident_host, 4);
+  assert_int_equal(st.blocks_d2h, 4);
+  uint8_t tiers[6];
+  kvt_lookup_result lr = {.size = sizeof lr};
+  assert_int_equal(kvt_lookup(f.c, k, 6, &lr, tiers), 0);
+  assert_int_equal(lr.n_prefix, 6);
+  assert_int_equal(lr.n_host + lr.n_device, 6);
+  assert_int_equal(lr.n_host, 4);
+  fixture_scribble(&f);
+  /* Scribbling hit the device copies too: only the host copies are
+   * restorable, so restore the prefix the host holds. */
+  kvt_req r;
+  uint32_t slots[6], ready;
+  uint32_t n_host_prefix = 0;
+  while (n_host_prefix < 6 && tiers[n_host_prefix] == KVT_TIER_HOST) n_host_prefix++;
+  assert_int_equal(kvt_acquire(f.c, k, t, 6, n_host_prefix, 0, 0, &r, slots, NULL), n_host_prefix ? 1 : 0);
+  assert_int_equal(kvt_request_wait(f.c, r, -1, &ready), 0);
+  assert_int_equal(ready, n_host_prefix);
+  for (uint32_t i = 0; i < ready; i++) assert_true(fixture_check(&f, slots[i], block_seed(4, i)));
+  assert_int_equal(kvt_release(f.c, r), 0);
+  /* A second conversation pushes the first out of the full host tier
+   * (no disk: dropped), and it restores exact. */
+  kvt_key k2[4];
+  uint32_t t2[4 * BT];
+  keys_for(&f, 5, 4, k2, t2);
+  run_request(&f, k2, t2, 4, 5);
+  assert_int_equal(offload(&f, k2, 4), 0);
+  st = stats(&f);
+  assert_int_equal(st.resident_host, 4);
+  assert_true(st.evictions_host >= 4);
+  fixture_scribble(&f);
+  assert_int_equal(run_request(&f, k2, t2, 4, 5), 4);
+  fixture_close(&f);
+}
+
+/* A request whose disk blocks need more host staging slots than the host
+ * tier has: it restores what it can stage (or recomputes), never waits forever. */
+static void disk_restore_larger_than_host_tier(void **state) {
+  fixture f;
+  open_disk(&f, 16, 2, 32, KVT_WRITE_BACK);
+  kvt_key k[6];
+  uint32_t t[6 * BT];
+  keys_for(&f, 6, 6, k, t);
+  run_request(&f, k, t, 6, 6);
+  /* Each store copies what the 2-slot host tier takes; the previous
+   * pair spills to disk. */
+  for (int round = 0; round < 6 && look(&f, k, 6).n_device > 0; round++) offload(&f, k, 6);
+  kvt_key k2[4];
+  uint32_t t2[4 * BT];
+  keys_for(&f, 7, 4, k2, t2);
+  run_request(&f, k2, t2, 4, 7);
+  for (int round = 0; round < 6 && look(&f, k2, 4).n_device > 0; round++) offload(&f, k2, 4);
+  kvt_drain(f.c);
+  kvt_lookup_result lr = look(&f, k, 6);
+  assert_int_equal(lr.n_prefix, 6);
+  assert_true(lr.n_disk >= 4);
+  fixture_scribble(&f);
+  kvt_req r;
+  uint32_t slots[6], ready = 0;
+  kvt_acquire_info info = {.size = sizeof info};
+  int rc = kvt_acquire(f.c, k, t, 6, 6, 0, 0, &r, slots, &info);
+  assert_true(rc == 0 || rc == 1 || rc == KVT_ENOSPACE);
+  if (rc >= 0) {
+    assert_int_equal(kvt_request_wait(f.c, r, -1, &ready), 0);
+    for (uint32_t i = 0; i < ready; i++) assert_true(fixture_check(&f, slots[i], block_seed(6, i)));
+    assert_int_equal(kvt_release(f.c, r), 0);
+  }
+  /* Restoring no more than the host tier holds always works. */
+  rc = kvt_acquire(f.c, k, t, 6, 2, 0, 0, &r, slots, &info);
+  assert_int_equal(rc, info.n_loading ? 1 : 0);
+  assert_int_equal(kvt_request_wait(f.c, r, -1, &ready), 0);
+  assert_int_equal(ready, 2);
+  for (uint32_t i = 0; i < ready; i++) assert_true(fixture_check(&f, slots[i], block_seed(6, i)));
+  assert_int_equal(kvt_release(f.c, r), 0);
+  close_disk(&f);
+}
+
+/* ---- disk faults ---- */
+
+/* Spill writes that fail: the blocks they carried are dropped (a cache
+ * may lose a copy), counted as I/O errors; nothing else is lost. */
+static void spill_write_failures(void **state) {
+  struct {
+    int site, value;
+  } cases[] = {
+      {KVT_FAULT_IO_COMPLETE, -EIO},
+      {KVT_FAULT_IO_COMPLETE, -ENOSPC},
+      {KVT_FAULT_IO_COMPLETE, 4096}, /* short write: half a record */
+      {KVT_FAULT_IO_COMPLETE, 0},    /* zero-byte write */
+      {KVT_FAULT_IO_SUBMIT, -EIO},
+      {KVT_FAULT_IO_SUBMIT, -ENOSPC},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    fixture f;
+    open_disk(&f, 8, 4, 32, KVT_WRITE_BACK);
+    world w;
+    /* Fail the 2nd and 3rd disk writes (conversation 0's spill). */
+    arm(cases[i].site, cases[i].site == KVT_FAULT_IO_SUBMIT ? KVT_IO_WRITE : -1, cases[i].value, 1, 2);
+    if (cases[i].value == 0) plan.value = 1; /* 0 means "no fault": report one byte */
+    fill(&f, &w);
+    int n = disarm();
+    assert_int_equal(n, 2);
+    kvt_stats st = stats(&f);
+    assert_int_equal(st.io_errors, 2);
+    assert_true(st.jobs_failed >= 1);
+    assert_int_equal(st.blocks_h2disk, 2 * NB - 2);
+    assert_int_equal(st.resident_disk, 2 * NB - 2);
+    assert_int_equal(st.checksum_failures, 0);
+    /* Conversation 0 lost two blocks' only copies: it restores a shorter
+     * prefix (exact) and recomputes the rest; 1 and 2 restore whole. */
+    assert_true(look(&f, w.k[0], NB).n_prefix < NB);
+    assert_true(restore(&f, &w, 0) < NB);
+    assert_int_equal(restore(&f, &w, 1), NB);
+    assert_int_equal(restore(&f, &w, 2), NB);
+    all_readable(&f, &w);
+    close_disk(&f);
+  }
+}
+
+/* Fetch reads that fail: the request restores the blocks before the first
+ * failure and recomputes the rest; an I/O error keeps the disk copy (a
+ * retry may work), a checksum failure drops it. */
+static void fetch_read_failures(void **state) {
+  struct {
+    int site, value, keeps_copy;
+  } cases[] = {
+      {KVT_FAULT_IO_COMPLETE, -EIO, 1},
+      {KVT_FAULT_IO_COMPLETE, 4096, 1}, /* short read */
+      {KVT_FAULT_IO_COMPLETE, -ENOSPC, 1},
+      {KVT_FAULT_IO_SUBMIT, -EIO, 1},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    for (int skip = 0; skip < NB; skip++) {
+      fixture f;
+      open_disk(&f, 8, 4, 32, KVT_WRITE_THROUGH);
+      world w;
+      fill(&f, &w);
+      kvt_stats before = stats(&f);
+      arm(cases[i].site, cases[i].site == KVT_FAULT_IO_SUBMIT ? KVT_IO_READ : -1, cases[i].value, skip, 1);
+      uint32_t ready = restore(&f, &w, 0);
+      assert_int_equal(disarm(), 1);
+      if (ready >= NB) fail_msg("case %zu skip %d: ready %u", i, skip, ready);
+      kvt_stats st = stats(&f);
+      assert_int_equal(st.io_errors - before.io_errors, 1);
+      assert_true(ready < NB);
+      /* Completion order is the backend's: the failed block is one of the
+       * four, so at most `skip` of them were read before it. */
+      assert_true(ready <= (uint32_t)NB - 1);
+      assert_int_equal(st.checksum_failures, 0);
+      /* Others are untouched. */
+      assert_int_equal(restore(&f, &w, 1), NB);
+      assert_int_equal(restore(&f, &w, 2), NB);
+      all_readable(&f, &w);
+      close_disk(&f);
+    }
+  }
+}
+
+/* EAGAIN / EINTR completions are resubmitted: no error, exact bytes. */
+static void transient_errors_are_retried(void **state) {
+  int values[2] = {-EAGAIN, -EINTR};
+  for (int i = 0; i < 2; i++) {
+    fixture f;
+    open_disk(&f, 8, 4, 32, KVT_WRITE_BACK);
+    world w;
+    arm(KVT_FAULT_IO_COMPLETE, -1, values[i], 0, 3); /* three spill writes retried */
+    fill(&f, &w);
+    assert_int_equal(disarm(), 3);
+    kvt_stats st = stats(&f);
+    assert_int_equal(st.io_errors, 0);
+    assert_int_equal(st.blocks_h2disk, 2 * NB);
+    arm(KVT_FAULT_IO_COMPLETE, -1, values[i], 0, 2); /* and two fetch reads */
+    assert_int_equal(restore(&f, &w, 0), NB);
+    assert_int_equal(disarm(), 2);
+    assert_int_equal(stats(&f).io_errors, 0);
+    all_readable(&f, &w);
+    close_disk(&f);
+  }
+}
+
+/* A prefetch whose read fails reports the error on its job; the block stays
+ * on disk and a later restore works. */
+static void prefetch_read_failure(void **state) {
+  fixture f;
+  open_disk(&f, 8, 4, 32, KVT_WRITE_THROUGH);
+  world w;
+  fill(&f, &w);
+  kvt_stats before = stats(&f);
+  arm(KVT_FAULT_IO_COMPLETE, -1, -EIO, 0, 1);
+  kvt_job j;
+  assert_int_equal(kvt_prefetch(f.c, w.k[1], NB, &j), 1);
+  assert_int_equal(kvt_job_wait(f.c, j, -1), -EIO);
+  assert_int_equal(kvt_job_release(f.c, j), 0);
+  assert_int_equal(disarm(), 1);
+  kvt_stats st = stats(&f);
+  assert_int_equal(st.io_errors - before.io_errors, 1);
+  assert_int_equal(st.jobs_failed - before.jobs_failed, 1);
+  assert_int_equal(st.blocks_disk2h - before.blocks_disk2h, NB - 1);
+  kvt_lookup_result lr = look(&f, w.k[1], NB);
+  assert_int_equal(lr.n_prefix, NB); /* the failed block is still on disk */
+  assert_int_equal(restore(&f, &w, 1), NB);
+  all_readable(&f, &w);
+  close_disk(&f);
+}
+
+/* Slow disk completions: a request waits (poll says in progress), layers
+ * are not ready, commit is refused until the loads land; then exact. */
+static void slow_disk_completions(void **state) {
+  fixture f;
+  open_disk(&f, 8, 4, 32, KVT_WRITE_THROUGH);
+  world w;
+  fill(&f, &w);
+  fixture_scribble(&f);
+  close_gate(KVT_FAULT_IO_DELAY_US);
+  kvt_req r;
+  uint32_t slots[NB], ready = 9;
+  kvt_acquire_info info = {.size = sizeof info};
+  assert_int_equal(kvt_acquire(f.c, w.k[0], w.t[0], NB, NB, 0, 0, &r, slots, &info), 1);
+  assert_int_equal(info.n_from_disk, NB);
+  wait_gate_holds();
+  assert_int_equal(kvt_request_poll(f.c, r, &ready), 1);
+  assert_int_equal(kvt_request_layer_ready(f.c, r, 0), 1);
+  assert_int_equal(kvt_commit(f.c, r, NB, NULL), KVT_EBUSY);
+  /* Meanwhile: lookups, and a new conversation computed on the device. */
+  assert_int_equal(look(&f, w.k[1], NB).n_disk, NB);
+  kvt_key k9[2];
+  uint32_t t9[2 * BT];
+  keys_for(&f, 9, 2, k9, t9);
+  assert_int_equal(run_request(&f, k9, t9, 2, 9), 0);
+  assert_int_equal(run_request(&f, k9, t9, 2, 9), 2);
+  open_gate();
+  assert_int_equal(kvt_request_wait(f.c, r, -1, &ready), 0);
+  assert_true(disarm() >= 1);
+  assert_int_equal(ready, NB);
+  for (uint32_t i = 0; i < NB; i++) assert_true(fixture_check(&f, slots[i], block_seed(0, i)));
+  assert_int_equal(kvt_release(f.c, r), 0);
+  all_readable(&f, &w);
+  close_disk(&f);
+}
+
+/* A load from disk whose second phase (host -> device copy) fails. */
+static void disk_load_copy_failure(void **state) {
+  fixture f;
+  open_disk(&f, 8, 4, 32, KVT_WRITE_THROUGH);
+  world w;
+  fill(&f, &w);
+  arm(KVT_FAULT_DEV_COMPLETE, KVT_XFER_H2D, -EIO, 0, 1);
+  assert_int_equal(restore(&f, &w, 1), 0);
+  assert_int_equal(disarm(), 1);
+  assert_int_equal(stats(&f).copy_errors, NB);
+  all_readable(&f, &w);
+  close_disk(&f);
+}
+
+/* ---- corruption on the medium ---- */
+
+/* Flips one byte in each record of conversation `conv` (found by key). */
+static int corrupt_records(const char *path, const kvt_key *keys, uint32_t n, size_t off_in_record) {
+  int fd = open(path, O_RDWR);
+  assert_true(fd >= 0);
+  size_t slot_bytes = kvt__record_bytes(BT, FIX_LAYERS * 2 * FIX_SEG_BYTES);
+  unsigned char *rec = malloc(slot_bytes);
+  int hit = 0;
+  for (uint64_t s = 0;; s++) {
+    off_t at = 4096 + (off_t)(s * slot_bytes);
+    if (pread(fd, rec, slot_bytes, at) != (ssize_t)slot_bytes) break;
+    const kvt__record_hdr *h = (const void *)rec;
+    for (uint32_t i = 0; i < n; i++)
+      if (h->key.lo == keys[i].lo && h->key.hi == keys[i].hi) {
+        rec[off_in_record] ^= 0x5a;
+        assert_int_equal(pwrite(fd, rec, slot_bytes, at), (ssize_t)slot_bytes);
+        hit++;
+      }
+  }
+  free(rec);
+  fsync(fd);
+  close(fd);
+  return hit;
+}
+
+static void corrupt_records_are_counted_misses(void **state) {
+  size_t payload_off = kvt__record_prefix_bytes(BT);
+  size_t where[3] = {payload_off + 100, KVT_RECORD_HDR_BYTES + 8 /* tokens */, 40 /* header: key */};
+  for (int i = 0; i < 3; i++) {
+    fixture f;
+    open_disk(&f, 8, 4, 32, KVT_WRITE_BACK);
+    world w;
+    fill(&f, &w);
+    assert_int_equal(corrupt_records(disk_path, w.k[0], NB, where[i]), NB);
+    kvt_stats before = stats(&f);
+    assert_int_equal(restore(&f, &w, 0), 0); /* never the corrupt bytes */
+    kvt_stats st = stats(&f);
+    uint64_t bad = (st.checksum_failures - before.checksum_failures) +
+                   (st.verify_mismatches - before.verify_mismatches);
+    assert_true(bad >= 1);
+    tried[0] += NB;
+    /* The record is not trusted again: dropped from the disk tier. */
+    assert_int_equal(restore(&f, &w, 1), NB);
+    assert_int_equal(restore(&f, &w, 2), NB);
+    all_readable(&f, &w);
+    close_disk(&f);
+  }
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(store_copy_failure_keeps_device_copies),
+      cmocka_unit_test(load_copy_failure_means_recompute),
+      cmocka_unit_test(demotion_copy_failure_loses_no_block),
+      cmocka_unit_test(known_bug_persistent_demotion_failure_hangs_acquire),
+      cmocka_unit_test(slow_copies_do_not_block_other_calls),
+      cmocka_unit_test(job_released_midway_completes_whole),
+      cmocka_unit_test(host_alloc_failure_at_register),
+      cmocka_unit_test(known_bug_register_retry_after_failure),
+      cmocka_unit_test(host_pool_exhaustion),
+      cmocka_unit_test(disk_restore_larger_than_host_tier),
+      cmocka_unit_test(spill_write_failures),
+      cmocka_unit_test(fetch_read_failures),
+      cmocka_unit_test(transient_errors_are_retried),
+      cmocka_unit_test(prefetch_read_failure),
+      cmocka_unit_test(slow_disk_completions),
+      cmocka_unit_test(disk_load_copy_failure),
+      cmocka_unit_test(corrupt_records_are_counted_misses),
+  };
+  if (getenv("KVT_TEST_FILTER")) cmocka_set_test_filter(getenv("KVT_TEST_FILTER"));
+  int rc = cmocka_run_group_tests(tests, NULL, NULL);
+  static const char *names[KVT_FAULT_SITE_COUNT] = {"corrupt records", "DEV_SUBMIT", "DEV_COMPLETE", "DEV_DELAY",
+                                                    "IO_SUBMIT", "IO_COMPLETE", "IO_DELAY", "HOST_ALLOC", "PIN"};
+  long total = 0;
+  printf("faults injected:");
+  for (int s = 0; s < KVT_FAULT_SITE_COUNT; s++) {
+    printf(" %s=%ld", names[s], tried[s]);
+    total += tried[s];
+  }
+  printf(" (total %ld)\n", total);
+  return rc;
+}
