@@ -108,6 +108,36 @@ static void cascade_and_round_trip_via_disk(void **state) {
   fixture_close(&f);
 }
 
+/* A prefix on disk longer than the host tier restores what can be staged
+ * and recomputes the rest, instead of failing. */
+static void disk_prefix_longer_than_host_is_clipped(void **state) {
+  fixture f;
+  if (open_disk_fixture(&f, 16, 4, 32, 1)) {
+    fixture_close(&f);
+    skip();
+  }
+  kvt_key k[2][8];
+  uint32_t t[2][8 * BT];
+  for (uint32_t c = 0; c < 2; c++) {
+    keys_for(&f, 20 + c, 8, k[c], t[c]);
+    run_request(&f, k[c], t[c], 8, 20 + c);
+    offload(&f, k[c] + 4, 4); /* the host holds 4: offload in two halves, tail first */
+    offload(&f, k[c], 4);
+  }
+  kvt_drain(f.c);
+  assert_int_equal(look(&f, k[0], 8).n_disk, 8);
+  kvt_req r;
+  uint32_t slots[8], ready;
+  kvt_acquire_info info = {.size = sizeof info};
+  assert_int_equal(kvt_acquire(f.c, k[0], t[0], 8, 8, 0, 0, &r, slots, &info), 1);
+  assert_int_equal(info.n_restore, 4);
+  assert_int_equal(kvt_request_wait(f.c, r, -1, &ready), 0);
+  assert_int_equal(ready, 4);
+  for (uint32_t i = 0; i < 4; i++) assert_true(fixture_check(&f, slots[i], block_seed(20, i)));
+  kvt_release(f.c, r);
+  fixture_close(&f);
+}
+
 static void reopen_finds_completed_blocks(void **state) {
   fixture f;
   if (open_disk_fixture(&f, 8, 4, 32, 1)) {
@@ -272,6 +302,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       BOTH(cascade_and_round_trip_via_disk),
       BOTH(reopen_finds_completed_blocks),
+      BOTH(disk_prefix_longer_than_host_is_clipped),
       BOTH(corrupt_record_is_a_counted_miss),
       BOTH(io_errors_fail_only_their_blocks),
       BOTH(write_through_reaches_disk),

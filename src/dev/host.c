@@ -42,11 +42,29 @@ static void copy_layer(host_ctx *h, const kvt_dev_xfer *x, uint32_t l) {
   }
 }
 
+/* Stores have no layer consumer: copy block by block, so the host side is
+ * written sequentially (each block's segments are contiguous there). */
+static void copy_blocks(host_ctx *h, const kvt_dev_xfer *x) {
+  uint32_t nseg = h->layout.num_layers * h->layout.segments_per_layer;
+  for (uint32_t i = 0; i < x->n_blocks; i++) {
+    char *host = x->host_blocks[i];
+    for (uint32_t j = 0; j < nseg; j++) {
+      const kvt_segment *sg = &h->layout.segments[j];
+      memcpy(host + h->seg_offset[j], (char *)sg->base + (size_t)x->dev_slots[i] * sg->stride, sg->bytes);
+    }
+  }
+}
+
 static void run_xfer(host_ctx *h, host_xfer *hx) {
   kvt_dev_xfer *x = hx->x;
   int delay = kvt__fault_check(KVT_FAULT_DEV_DELAY_US, x->dir);
   if (delay > 0) usleep((useconds_t)delay);
-  for (uint32_t l = 0; l < h->layout.num_layers; l++) {
+  if (x->dir == KVT_XFER_D2H) {
+    copy_blocks(h, x);
+    atomic_store_explicit(&hx->layers_done, h->layout.num_layers, memory_order_release);
+  }
+  /* Loads go layer by layer so layer l can be consumed while later ones copy. */
+  for (uint32_t l = 0; x->dir == KVT_XFER_H2D && l < h->layout.num_layers; l++) {
     copy_layer(h, x, l);
     atomic_store_explicit(&hx->layers_done, l + 1, memory_order_release);
     pthread_mutex_lock(&h->lock);

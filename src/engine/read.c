@@ -142,7 +142,9 @@ static void scan_prefix(kvt_cache *c, const kvt_key *keys, const uint32_t *token
     kvt__entry *en = kvt__E(c, e);
     if (!kvt__key_eq(&en->parent, parent_of(c, keys, i))) break;
     int t = fastest_valid(en);
-    if (t == KVT__T_DISK && !kvt__has_tier(c, KVT__T_HOST)) break; /* disk blocks stage through the host */
+    /* Disk blocks stage through host slots: restore no more of them than
+     * the host tier holds (the rest of the prefix is recomputed). */
+    if (t == KVT__T_DISK && sr->per_tier[KVT__T_DISK] >= c->cap[KVT__T_HOST]) break;
     if (t < 0) {
       /* Being filled somewhere (a prefetch, a load for another request): wait for it. */
       for (int k = 0; k < KVT__NTIERS; k++) sr->must_wait |= en->state[k] == KVT__FILLING;
