@@ -340,7 +340,9 @@ typedef uint64_t kvt_job;
 
 /* Copies device-resident blocks among keys[0..n) down to the host tier (and
  * on to disk with write-through); blocks already on host are skipped. Use it
- * when a conversation goes idle. Returns 0 (nothing to copy) or 1 with *job.
+ * when a conversation goes idle. One call copies at most what the host tier
+ * can take at once (its capacity, max_job_blocks); call again for the rest,
+ * e.g. tail-first halves. Returns 0 (nothing to copy) or 1 with *job.
  * May block while host slots are freed (spills). Blocks pinned by a request
  * are copied but not evicted. */
 KVT_API int kvt_store(kvt_cache *c, const kvt_key *keys, size_t n, uint32_t flags, kvt_job *job);
