@@ -26,12 +26,14 @@ static int known_bugs(void) {
 
 /* ---- the fault plan: one rule at a time, read from backend threads ---- */
 
+/* Atomic fields: a backend thread may still be inside the hook when the
+ * test disarms it. */
 typedef struct rule {
-  int site;
-  int64_t arg;  /* match this arg only; -1: any */
-  int value;    /* returned when the rule fires */
-  int skip;     /* matching calls let through first */
-  int count;    /* fires at most this often; -1: always */
+  _Atomic int site;
+  _Atomic int64_t arg; /* match this arg only; -1: any */
+  _Atomic int value;   /* returned when the rule fires */
+  _Atomic int skip;    /* matching calls let through first */
+  _Atomic int count;   /* fires at most this often; -1: always */
 } rule;
 
 static rule plan;
@@ -58,7 +60,11 @@ static int hook(void *ctx, int site, int64_t arg) {
 
 static void arm(int site, int64_t arg, int value, int skip, int count) {
   kvt__fault_set(NULL, NULL);
-  plan = (rule){site, arg, value, skip, count};
+  atomic_store(&plan.site, site);
+  atomic_store(&plan.arg, arg);
+  atomic_store(&plan.value, value);
+  atomic_store(&plan.skip, skip);
+  atomic_store(&plan.count, count);
   atomic_store(&seen, 0);
   atomic_store(&fired, 0);
   kvt__fault_set(hook, NULL);
@@ -67,9 +73,9 @@ static void arm(int site, int64_t arg, int value, int skip, int count) {
 /* Disarms and returns how many faults fired (added to the run's tally). */
 static int disarm(void) {
   kvt__fault_set(NULL, NULL);
-  int n = atomic_load(&fired);
-  if (plan.site > 0 && plan.site < KVT_FAULT_SITE_COUNT) tried[plan.site] += n;
-  plan.site = 0;
+  int n = atomic_load(&fired), site = atomic_load(&plan.site);
+  if (site > 0 && site < KVT_FAULT_SITE_COUNT) tried[site] += n;
+  atomic_store(&plan.site, 0);
   return n;
 }
 
@@ -526,7 +532,7 @@ static void spill_write_failures(void **state) {
       {KVT_FAULT_IO_COMPLETE, -EIO},
       {KVT_FAULT_IO_COMPLETE, -ENOSPC},
       {KVT_FAULT_IO_COMPLETE, 4096}, /* short write: half a record */
-      {KVT_FAULT_IO_COMPLETE, 0},    /* zero-byte write */
+      {KVT_FAULT_IO_COMPLETE, 0},    /* (almost) nothing written: 1 byte */
       {KVT_FAULT_IO_SUBMIT, -EIO},
       {KVT_FAULT_IO_SUBMIT, -ENOSPC},
   };
@@ -535,8 +541,8 @@ static void spill_write_failures(void **state) {
     open_disk(&f, 8, 4, 32, KVT_WRITE_BACK);
     world w;
     /* Fail the 2nd and 3rd disk writes (conversation 0's spill). */
-    arm(cases[i].site, cases[i].site == KVT_FAULT_IO_SUBMIT ? KVT_IO_WRITE : -1, cases[i].value, 1, 2);
-    if (cases[i].value == 0) plan.value = 1; /* 0 means "no fault": report one byte */
+    /* A 0 from the hook means "no fault": a zero-byte write is reported as one byte. */
+    arm(cases[i].site, cases[i].site == KVT_FAULT_IO_SUBMIT ? KVT_IO_WRITE : -1, cases[i].value ? cases[i].value : 1, 1, 2);
     fill(&f, &w);
     int n = disarm();
     assert_int_equal(n, 2);
