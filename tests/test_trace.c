@@ -105,6 +105,7 @@ static void test_bundled_trace_loads(void **state) {
   assert_int_equal(kvt_bench_trace_load(path, 512, &t, &e), 0);
   assert_int_equal(t.n_reqs, 3993);
   assert_int_equal(t.n_ids, 121877);
+  kvt_bench_trace_free(&t);
   /* The same file does not fit another block size: every line is checked. */
   assert_int_equal(kvt_bench_trace_load(path, 256, &t, &e), -EINVAL);
   assert_int_equal(e.line, 1);
