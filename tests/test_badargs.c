@@ -1,8 +1,8 @@
 /* Bad input to every public function (everything KVT_API in include/kvtier):
  * oversized, misaligned and inconsistent arguments each get the documented
  * code, nothing crashes or leaks (ASan runs this file), and the next valid
- * call still works. Tests named known_bug_* prove a library bug and run
- * only with KVT_KNOWN_BUGS=1 (they fail until the bug is fixed). */
+ * call still works. Tests named regression_* pin library bugs
+ * this file found (all fixed). */
 #include <limits.h>
 #include <math.h>
 #include <stdatomic.h>
@@ -13,11 +13,6 @@
 #include "util/fault.h"
 
 #define BT 16
-
-static int known_bugs(void) {
-  const char *e = getenv("KVT_KNOWN_BUGS");
-  return e && e[0] == '1';
-}
 
 static void keys_for(fixture *f, uint32_t conv, uint32_t n, kvt_key *keys, uint32_t *tok) {
   conv_tokens(tok, n * BT, conv);
@@ -157,7 +152,6 @@ static void cuda_without_gpu_is_enodev(void **state) {
     kvt_layout lay = fixture_layout(&f);
     rc = kvt_register_layout(c, &lay);
     kvt_close(c);
-    if (known_bugs()) assert_int_equal(kvt_dev_backend_cuda(), NULL); /* kvt_open should have said so */
   }
   assert_int_equal(rc, KVT_ENODEV);
 }
@@ -601,8 +595,7 @@ static void calls_while_a_load_is_in_flight(void **state) {
  * no tier is valid), loads them a second time into other device slots and
  * repoints the entry at its own slots: A's slots are then never freed.
  * Expected: B waits for A's load (or NOWAIT: KVT_EAGAIN) and shares it. */
-static void known_bug_second_acquire_loads_into_a_filling_entry(void **state) {
-  if (!known_bugs()) skip();
+static void regression_second_acquire_loads_into_a_filling_entry(void **state) {
   fixture f;
   fixture_open(&f, 16, 16);
   kvt_key k[4];
@@ -634,8 +627,7 @@ static void known_bug_second_acquire_loads_into_a_filling_entry(void **state) {
  * gets one ref while scan_prefix writes `restore` (2) refs: an out-of-bounds
  * write into the ref arena (ASan: heap-buffer-overflow, or another
  * request's refs). Expected: -E2BIG (or -EINVAL). */
-static void known_bug_acquire_size_overflow(void **state) {
-  if (!known_bugs()) skip();
+static void regression_acquire_size_overflow(void **state) {
   fixture f;
   fixture_open(&f, 8, 8);
   kvt_key k[2];
@@ -818,8 +810,7 @@ static void job_handles_bad_stale_and_detached(void **state) {
 /* Job and request handles carry no cache identity: a handle of cache A is
  * accepted by cache B when B has a job at the same index and generation.
  * Documented: a "foreign job or request handle" gets KVT_ENOJOB. */
-static void known_bug_foreign_handles_accepted(void **state) {
-  if (!known_bugs()) skip();
+static void regression_foreign_handles_accepted(void **state) {
   fixture a, b;
   fixture_open(&a, 8, 8);
   fixture_open(&b, 8, 8);
@@ -904,8 +895,7 @@ static void cost_model_calls_bad_args(void **state) {
 /* NaN and infinite inputs are not rejected where the documented checks
  * would reject them: set_cost_model accepts a NaN mfu / peak and
  * report_prefill an infinite duration, after which every plan fails. */
-static void known_bug_nonfinite_cost_inputs(void **state) {
-  if (!known_bugs()) skip();
+static void regression_nonfinite_cost_inputs(void **state) {
   fixture f;
   fixture_open(&f, 8, 8);
   kvt_model_desc m;
@@ -1029,15 +1019,15 @@ int main(void) {
       cmocka_unit_test(acquire_bad_args),
       cmocka_unit_test(request_handles_bad_and_stale),
       cmocka_unit_test(calls_while_a_load_is_in_flight),
-      cmocka_unit_test(known_bug_second_acquire_loads_into_a_filling_entry),
-      cmocka_unit_test(known_bug_acquire_size_overflow),
+      cmocka_unit_test(regression_second_acquire_loads_into_a_filling_entry),
+      cmocka_unit_test(regression_acquire_size_overflow),
       cmocka_unit_test(pinned_blocks_are_stored_not_evicted),
       cmocka_unit_test(request_table_exhaustion),
       cmocka_unit_test(store_and_prefetch_bad_args),
       cmocka_unit_test(job_handles_bad_stale_and_detached),
-      cmocka_unit_test(known_bug_foreign_handles_accepted),
+      cmocka_unit_test(regression_foreign_handles_accepted),
       cmocka_unit_test(cost_model_calls_bad_args),
-      cmocka_unit_test(known_bug_nonfinite_cost_inputs),
+      cmocka_unit_test(regression_nonfinite_cost_inputs),
       cmocka_unit_test(cost_functions_bad_args),
       cmocka_unit_test(backend_vtables_reject_bad_open_args),
   };

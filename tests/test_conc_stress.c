@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <unistd.h>
 
+#include "engine/engine.h"
 #include "kv_fixture.h"
 
 #define BT 16
@@ -24,11 +25,6 @@
 #define DEV_SLOTS 24
 #define HOST_BLOCKS 12
 #define DISK_BLOCKS 24
-
-static int known_bugs(void) {
-  const char *e = getenv("KVT_KNOWN_BUGS");
-  return e && e[0] == '1';
-}
 
 typedef struct shared {
   fixture f;
@@ -145,7 +141,7 @@ static void *worker(void *arg) {
       atomic_fetch_add(&sh->stores, 1);
     } else if (op < 95) {
       int rc = kvt_prefetch(sh->f.c, sh->keys[c], n, &j);
-      one_job(sh, rc == KVT_ENOSPACE ? 0 : rc, j, "kvt_prefetch");
+      one_job(sh, rc == KVT_ENOSPACE || rc == KVT_EAGAIN ? 0 : rc, j, "kvt_prefetch"); /* a hint: may ask again */
       atomic_fetch_add(&sh->prefetches, 1);
     } else if (op < 98) {
       kvt_stats st = {.size = sizeof st};
@@ -249,16 +245,14 @@ static void run_stress(int with_disk, kvt_write_policy wp) {
   assert_true(st.blocks_h2d <= st.hits_host + st.hits_disk);
   assert_true(atomic_load(&sh.restored) <= st.hits_device + st.hits_host + st.hits_disk);
   assert_int_equal(st.copy_errors + st.checksum_failures, 0);
-  /* Without faults no job may fail. Today concurrent acquires of blocks
-   * being filled issue a second disk I/O on the same slot (KVT_EBUSY,
-   * counted as I/O errors): enforced with KVT_KNOWN_BUGS=1, else printed. */
+  /* Without faults no job may fail (concurrent acquires of a block being
+   * filled once issued a second disk I/O on the same slot). */
   if (st.jobs_failed || st.io_errors || sh.ebusy_jobs)
-    fprintf(stderr, "stress: KNOWN BUG symptoms: %llu jobs failed, %llu I/O errors, %lu user jobs got KVT_EBUSY\n",
+    fprintf(stderr, "stress: %llu jobs failed, %llu I/O errors, %lu user jobs got KVT_EBUSY\n",
             (unsigned long long)st.jobs_failed, (unsigned long long)st.io_errors, (unsigned long)sh.ebusy_jobs);
-  if (known_bugs()) {
-    assert_int_equal(st.jobs_failed, 0);
-    assert_int_equal(st.io_errors, 0);
-  }
+  assert_int_equal(st.jobs_failed, 0);
+  assert_int_equal(st.io_errors, 0);
+  assert_int_equal(sh.ebusy_jobs, 0);
   assert_true(st.resident_device <= DEV_SLOTS && st.resident_host <= HOST_BLOCKS && st.resident_disk <= DISK_BLOCKS);
   /* It did exercise what it claims: restores from below the device, and
    * the cascade. */
@@ -266,16 +260,22 @@ static void run_stress(int with_disk, kvt_write_policy wp) {
   assert_true(st.hits_host > 0);
   assert_true(st.evictions_device > 0);
   if (with_disk) assert_true(st.blocks_h2disk > 0);
-  /* Quiescent: nothing pinned, so the whole device tier can be handed out
-   * (no leaked slot), and every conversation still restores exact. */
+  /* Quiescent: every slot free or held by a block, nothing pinned. */
+  char why[160] = "";
+  kvt_drain(sh.f.c);
+  int inv = kvt__check_invariants(sh.f.c, why, sizeof why);
+  if (inv) fprintf(stderr, "stress: invariant broken: %s\n", why);
+  assert_int_equal(inv, 0);
+  /* So the whole device tier can be handed out (no leaked slot), and every
+   * conversation still restores exact. */
   kvt_req r;
   uint32_t slots[DEV_SLOTS];
   int rc = kvt_acquire(sh.f.c, NULL, NULL, 0, 0, DEV_SLOTS, 0, &r, slots, NULL);
   int leaked = rc != 0;
   if (leaked) {
-    fprintf(stderr, "stress: KNOWN BUG symptom: the quiescent cache cannot hand out its %d device slots: %s\n",
+    fprintf(stderr, "stress: the quiescent cache cannot hand out its %d device slots: %s\n",
             DEV_SLOTS, kvt_strerror(rc));
-    if (known_bugs()) fail();
+    fail();
   } else {
     assert_int_equal(kvt_release(sh.f.c, r), 0);
   }

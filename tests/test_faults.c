@@ -4,8 +4,8 @@
  * host pool allocation failure, host pool exhaustion, corrupt records. For
  * each: only the affected job fails, every other block stays readable and
  * byte-exact, stats count the error, and the answer is "recompute" (a
- * smaller n_ready), never wrong bytes. Tests named known_bug_* prove a
- * library bug and run only with KVT_KNOWN_BUGS=1. */
+ * smaller n_ready), never wrong bytes. Tests named regression_* pin
+ * library bugs this file found (all fixed). */
 #include <fcntl.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -18,11 +18,6 @@
 #include "util/fault.h"
 
 #define BT 16
-
-static int known_bugs(void) {
-  const char *e = getenv("KVT_KNOWN_BUGS");
-  return e && e[0] == '1';
-}
 
 /* ---- the fault plan: one rule at a time, read from backend threads ---- */
 
@@ -274,8 +269,7 @@ static void demotion_copy_failure_loses_no_block(void **state) {
  * turns kvt__make_room into a busy loop: each pass queues a new demotion,
  * it fails at once, freeing[] drops back, and the loop queues another.
  * The acquire never returns. Expected: drop the victims or KVT_ENOSPACE. */
-static void known_bug_persistent_demotion_failure_hangs_acquire(void **state) {
-  if (!known_bugs()) skip();
+static void regression_persistent_demotion_failure_hangs_acquire(void **state) {
   fixture f;
   fixture_open(&f, 8, 16);
   world w;
@@ -407,8 +401,7 @@ static void host_alloc_failure_at_register(void **state) {
  * segments, tier map, slot stacks and jobs again over the first attempt's
  * (leaked) and adds the block bytes a second time. Expected: the retry
  * works (or KVT_ESTATE), and nothing leaks. */
-static void known_bug_register_retry_after_failure(void **state) {
-  if (!known_bugs()) skip();
+static void regression_register_retry_after_failure(void **state) {
   fixture f;
   kvt_config cfg = fixture_config(8);
   memset(&f, 0, sizeof f);
@@ -753,11 +746,11 @@ int main(void) {
       cmocka_unit_test(store_copy_failure_keeps_device_copies),
       cmocka_unit_test(load_copy_failure_means_recompute),
       cmocka_unit_test(demotion_copy_failure_loses_no_block),
-      cmocka_unit_test(known_bug_persistent_demotion_failure_hangs_acquire),
+      cmocka_unit_test(regression_persistent_demotion_failure_hangs_acquire),
       cmocka_unit_test(slow_copies_do_not_block_other_calls),
       cmocka_unit_test(job_released_midway_completes_whole),
       cmocka_unit_test(host_alloc_failure_at_register),
-      cmocka_unit_test(known_bug_register_retry_after_failure),
+      cmocka_unit_test(regression_register_retry_after_failure),
       cmocka_unit_test(host_pool_exhaustion),
       cmocka_unit_test(disk_restore_larger_than_host_tier),
       cmocka_unit_test(spill_write_failures),

@@ -204,7 +204,9 @@ typedef struct kvt_cache kvt_cache;
 
 /* Opens a cache. Allocates the tier map, jobs and requests; opens the disk
  * tier's file (recovery of its blocks waits until the layout is known).
- * With cfg->device = KVT_DEVICE_CUDA and no GPU, returns KVT_ENODEV.
+ * With cfg->device = KVT_DEVICE_CUDA, a build without the CUDA backend
+ * returns KVT_ENODEV here; a build with it but no usable GPU returns
+ * KVT_ENODEV from kvt_register_layout.
  * On success *out owns everything; free it with kvt_close. May block. */
 KVT_API int kvt_open(const kvt_config *cfg, kvt_cache **out);
 
@@ -212,7 +214,8 @@ KVT_API int kvt_open(const kvt_config *cfg, kvt_cache **out);
  * Computes the namespace (config + layout geometry), allocates the host
  * pool (pinned through the device backend when it can), and recovers the
  * disk tier's blocks written under the same namespace. Once per cache.
- * The segments array is copied. May block. */
+ * The segments array is copied. May block. After a failure the cache can
+ * only be closed (a second call returns KVT_ESTATE). */
 KVT_API int kvt_register_layout(kvt_cache *c, const kvt_layout *layout);
 
 /* Waits for every transfer in flight, then frees everything. NULL is fine. */
@@ -342,19 +345,30 @@ typedef uint64_t kvt_job;
  * on to disk with write-through); blocks already on host are skipped. Use it
  * when a conversation goes idle. One call copies at most what the host tier
  * can take at once (its capacity, max_job_blocks); call again for the rest,
- * e.g. tail-first halves. Returns 0 (nothing to copy) or 1 with *job.
+ * e.g. tail-first halves. Returns 0 (nothing to copy) or 1 with *job;
+ * KVT_ENOSPACE when every host slot is pinned, KVT_EAGAIN when every job
+ * slot is busy, KVT_EUNSUPPORTED without a host tier.
  * May block while host slots are freed (spills). Blocks pinned by a request
  * are copied but not evicted. */
 KVT_API int kvt_store(kvt_cache *c, const kvt_key *keys, size_t n, uint32_t flags, kvt_job *job);
 
 /* Promotes the disk-resident blocks of keys' cached prefix to the host tier
- * ahead of the request's turn (the scheduler's hint). 0 nothing to do, 1 *job. */
+ * ahead of the request's turn (the scheduler's hint). Never waits: when the
+ * host must first spill to make room, the spills are started and
+ * KVT_EAGAIN is returned (ask again). 0 nothing to do, 1 with *job. */
 KVT_API int kvt_prefetch(kvt_cache *c, const kvt_key *keys, size_t n, kvt_job *job);
 
 /* 0 done ok, 1 in progress, or the job's error. */
 KVT_API int kvt_job_poll(kvt_cache *c, kvt_job job);
 /* Waits (timeout_ns < 0: forever). May block. */
 KVT_API int kvt_job_wait(kvt_cache *c, kvt_job job, int64_t timeout_ns);
+/* Cancels a job of kvt_store or kvt_prefetch. Copies already under way
+ * finish, but what they did is discarded: the blocks stay where they were
+ * (a cancelled store leaves no host copy and keeps the device copy, a
+ * cancelled prefetch leaves the block on disk) and the job reports
+ * KVT_ECANCELED; release it as usual. A finished job is not undone.
+ * Returns 0 or KVT_ENOJOB. */
+KVT_API int kvt_job_cancel(kvt_cache *c, kvt_job job);
 /* Every job handle must be released once. Releasing an unfinished job
  * detaches it: it completes on its own and frees itself. */
 KVT_API int kvt_job_release(kvt_cache *c, kvt_job job);
@@ -395,10 +409,11 @@ typedef struct kvt_stats {
   uint64_t verify_mismatches;       /* token/parent checks that refused a restore */
   uint64_t checksum_failures;       /* disk records that failed their checksum (then dropped) */
   uint64_t io_errors, copy_errors;  /* failed disk I/Os, failed device copies (per block) */
-  uint64_t jobs_started, jobs_failed;
+  uint64_t jobs_started, jobs_failed; /* failed: finished with an error (cancelled ones apart) */
   uint64_t resident_device, resident_host, resident_disk; /* slots in use per tier */
   uint64_t disk_recovered, disk_discarded; /* at kvt_register_layout */
   uint64_t metadata_bytes; /* tier map, jobs and requests */
+  uint64_t jobs_cancelled;
 } kvt_stats;
 
 KVT_API int kvt_get_stats(kvt_cache *c, kvt_stats *st);

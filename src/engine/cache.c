@@ -4,9 +4,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <math.h>
+
 #include "core/hash.h"
 #include "engine/engine.h"
 #include "store/record.h"
+#include "util/clock.h"
 
 void kvt_config_init(kvt_config *cfg) {
   if (!cfg) return;
@@ -68,6 +71,11 @@ int kvt_open(const kvt_config *cfg, kvt_cache **out) {
   pthread_cond_init(&c->cond, &ca);
   pthread_condattr_destroy(&ca);
   c->st.size = sizeof c->st;
+  struct {
+    void *p;
+    int64_t t;
+  } seed = {c, kvt__now_ns()};
+  c->salt = (uint32_t)kvt__xxh3_64(&seed, sizeof seed, 0);
   *out = c;
   return 0;
 }
@@ -127,7 +135,10 @@ static int alloc_tables(kvt_cache *c) {
   if (!c->dev_tokens || !c->dev_has_tokens || !c->reqs || !c->req_free || !c->refs || !c->ref_used ||
       !c->scratch_tiers || !c->scratch_entries)
     return -ENOMEM;
-  for (uint32_t i = 0; i < c->cfg.max_requests; i++) c->req_free[c->n_req_free++] = c->cfg.max_requests - 1 - i;
+  for (uint32_t i = 0; i < c->cfg.max_requests; i++) {
+    c->req_free[c->n_req_free++] = c->cfg.max_requests - 1 - i;
+    c->reqs[i].gen = c->salt + i * 0x9e3779b9u;
+  }
   return kvt__jobs_init(c);
 }
 
@@ -181,9 +192,10 @@ static int open_disk(kvt_cache *c) {
 
 int kvt_register_layout(kvt_cache *c, const kvt_layout *layout) {
   if (!c || !layout) return -EINVAL;
-  if (c->layout_ready) return KVT_ESTATE;
+  if (c->layout_ready || c->register_failed) return KVT_ESTATE;
   if (layout->size != sizeof(kvt_layout)) return KVT_EVERSION;
   if (!layout_ok(layout)) return -EINVAL;
+  if (c->cfg.host_blocks + c->cfg.disk_blocks + layout->num_slots > (1u << 30)) return -E2BIG;
   c->layout = *layout;
   c->metadata_only = (layout->flags & KVT_LAYOUT_METADATA_ONLY) != 0;
   uint32_t nseg = layout->num_layers * layout->segments_per_layer;
@@ -206,7 +218,10 @@ int kvt_register_layout(kvt_cache *c, const kvt_layout *layout) {
   if (rc == 0 && !c->metadata_only)
     rc = kvt__host_pool_init(&c->host, &c->dev, c->cap[KVT__T_HOST], c->record_bytes, c->cfg.host_mlock);
   if (rc == 0) rc = open_disk(c);
-  if (rc < 0) return rc; /* kvt_close frees what was set up */
+  if (rc < 0) {
+    c->register_failed = 1; /* kvt_close frees what was set up */
+    return rc;
+  }
   c->st.host_pool_pinned = (uint32_t)c->host.pinned;
   c->layout_ready = 1;
   return 0;
@@ -216,7 +231,7 @@ int kvt_drain(kvt_cache *c) {
   if (!c) return -EINVAL;
   kvt__flush_submits(c);
   pthread_mutex_lock(&c->lock);
-  while (c->inflight) pthread_cond_wait(&c->cond, &c->lock);
+  while (c->inflight || c->submitting) pthread_cond_wait(&c->cond, &c->lock);
   pthread_mutex_unlock(&c->lock);
   return 0;
 }
@@ -304,7 +319,14 @@ int kvt_get_stats(kvt_cache *c, kvt_stats *st) {
 int kvt_set_cost_model(kvt_cache *c, const kvt_model_desc *model, const kvt_hw_desc *hw) {
   if (!c || !model || !hw) return -EINVAL;
   if (model->size != sizeof *model || hw->size != sizeof *hw) return KVT_EVERSION;
-  if (!model->num_layers || hw->num_gpus == 0 || hw->flops_per_gpu <= 0 || hw->mfu <= 0) return -EINVAL;
+  if (!model->num_layers || hw->num_gpus == 0 || !(isfinite(hw->flops_per_gpu) && hw->flops_per_gpu > 0) ||
+      !(isfinite(hw->mfu) && hw->mfu > 0))
+    return -EINVAL;
+  const kvt_link *links[2] = {&hw->device_host, &hw->host_disk};
+  for (int i = 0; i < 2; i++)
+    if (!(isfinite(links[i]->bytes_per_s) && links[i]->bytes_per_s > 0) ||
+        !(isfinite(links[i]->latency_s) && links[i]->latency_s >= 0))
+      return -EINVAL;
   /* Calibration measures the bytes this cache really moves; a model that
    * describes other blocks would mix two sizes in one estimate. */
   uint64_t per_rank = kvt_model_kv_bytes_per_token(model) * c->bt / c->cfg.tp_size;
@@ -319,7 +341,7 @@ int kvt_set_cost_model(kvt_cache *c, const kvt_model_desc *model, const kvt_hw_d
 }
 
 int kvt_report_prefill(kvt_cache *c, uint64_t from_token, uint64_t to_token, double seconds) {
-  if (!c || to_token <= from_token || !(seconds > 0)) return -EINVAL;
+  if (!c || to_token <= from_token || !(isfinite(seconds) && seconds > 0)) return -EINVAL;
   pthread_mutex_lock(&c->lock);
   int rc = c->have_cost ? 0 : KVT_ESTATE;
   if (rc == 0) kvt__calib_observe_prefill(&c->calib, &c->model, from_token, to_token, seconds);

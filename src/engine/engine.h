@@ -24,6 +24,8 @@ enum { KVT__JOB_STORE = 1, KVT__JOB_LOAD, KVT__JOB_SPILL, KVT__JOB_FETCH };
 #define KVT__JF_EVICT 0x1u   /* drop the source copy once the copy landed */
 #define KVT__JF_USER 0x2u    /* an engine handle refers to the job */
 #define KVT__JF_LOAD_AFTER 0x4u /* a request load: FETCH phase, then LOAD */
+#define KVT__JF_DEMOTE 0x8u  /* an eviction's demotion: the slot is freed even if the copy fails */
+#define KVT__JF_CANCEL 0x10u /* cancelled: completions discard what the copies did */
 
 struct kvt__job;
 
@@ -77,6 +79,8 @@ struct kvt_cache {
   pthread_mutex_t lock;
   pthread_cond_t cond;
   int layout_ready, metadata_only;
+  int register_failed;  /* a failed kvt_register_layout leaves the cache only closable */
+  uint32_t salt;        /* mixed into handle generations: foreign handles do not match */
   kvt_layout layout;
   kvt_segment *segments;
   size_t block_bytes, record_bytes;
@@ -98,6 +102,7 @@ struct kvt_cache {
   kvt__job *jobs;
   uint32_t *job_free;
   uint32_t n_job_free, inflight;
+  uint32_t submitting;     /* library threads inside a submission (kvt_drain waits for them) */
   uint32_t *submitq;       /* jobs started under the lock, submitted after it */
   uint32_t n_submitq;
 
@@ -139,6 +144,9 @@ void kvt__drop_tier(kvt_cache *c, uint32_t e, int tier);
 void kvt__maybe_remove(kvt_cache *c, uint32_t e);
 uint32_t kvt__start_store(kvt_cache *c, const uint32_t *entries, uint32_t n, uint32_t flags);
 void kvt__fill_record_identity(kvt_cache *c, uint32_t e, uint32_t dev_slot, uint32_t host_slot);
+
+/* check.c: 0 if the tier map's invariants hold, else -1 with a reason. */
+int kvt__check_invariants(kvt_cache *c, char *msg, size_t len);
 
 static inline kvt__entry *kvt__E(kvt_cache *c, uint32_t e) { return &c->map.entries[e]; }
 static inline int kvt__has_tier(const kvt_cache *c, int t) { return c->cap[t] > 0; }

@@ -68,7 +68,7 @@ static int evict_some(kvt_cache *c, int tier, uint32_t want, int drop_only) {
       want--;
     } else {
       if (job == KVT__NONE) {
-        job = kvt__job_new(c, tier == KVT__T_DEV ? KVT__JOB_STORE : KVT__JOB_SPILL, KVT__JF_EVICT);
+        job = kvt__job_new(c, tier == KVT__T_DEV ? KVT__JOB_STORE : KVT__JOB_SPILL, KVT__JF_EVICT | KVT__JF_DEMOTE);
         if (job == KVT__NONE) break; /* every job busy: wait for one */
       }
       kvt__job *jb = &c->jobs[job];

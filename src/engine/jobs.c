@@ -28,6 +28,7 @@ int kvt__jobs_init(kvt_cache *c) {
     jb->xfer.engine_data = jb;
     jb->c = c;
     jb->index = j;
+    jb->gen = c->salt + j * 0x9e3779b9u;
     jb->req = KVT__NONE;
     c->job_free[c->n_job_free++] = n - 1 - j;
   }
@@ -124,14 +125,19 @@ static void store_done(kvt_cache *c, kvt__job *jb, kvt__op *op) {
   } else {
     kvt__index_set_state(&c->map, e, KVT__T_HOST, KVT__ABSENT, 0);
     kvt__slots_put(&c->slots[KVT__T_HOST], op->slot[KVT__T_HOST]);
-    c->st.copy_errors++;
+    if (op->status != KVT_ECANCELED) c->st.copy_errors++;
   }
   if (jb->flags & KVT__JF_EVICT) {
     kvt__entry *en = kvt__E(c, e);
     c->freeing[KVT__T_DEV]--;
-    if (op->status == 0 && en->pins[KVT__T_DEV] == 0 && en->state[KVT__T_DEV] == KVT__VALID) {
+    /* A failed demotion still frees the slot (the block is then dropped):
+     * a copy path that keeps failing must not stall eviction forever. An
+     * engine's kvt_store(EVICT) keeps the device copy when its copy fails. */
+    int demote = (jb->flags & KVT__JF_DEMOTE) != 0;
+    if ((op->status == 0 || demote) && en->pins[KVT__T_DEV] == 0 && en->state[KVT__T_DEV] == KVT__VALID) {
       kvt__drop_tier(c, e, KVT__T_DEV);
       c->st.evictions_device++;
+      kvt__maybe_remove(c, e);
     }
   }
 }
@@ -210,7 +216,7 @@ static void fetch_done(kvt_cache *c, kvt__job *jb, kvt__op *op) {
     if (op->status == KVT_ECORRUPT) c->st.checksum_failures++;
     else c->st.verify_mismatches++;
     if (en->state[KVT__T_DISK] == KVT__VALID && en->pins[KVT__T_DISK] == 0) kvt__drop_tier(c, e, KVT__T_DISK);
-  } else {
+  } else if (op->status != KVT_ECANCELED) {
     c->st.io_errors++;
   }
   if (!(jb->flags & KVT__JF_LOAD_AFTER)) kvt__maybe_remove(c, e);
@@ -260,7 +266,8 @@ static uint32_t write_through(kvt_cache *c, kvt__job *jb) {
 }
 
 static void finish_job(kvt_cache *c, kvt__job *jb) {
-  if (jb->status) c->st.jobs_failed++;
+  if (jb->status == KVT_ECANCELED) c->st.jobs_cancelled++;
+  else if (jb->status) c->st.jobs_failed++;
   jb->done = 1;
   c->inflight--;
   if (!(jb->flags & KVT__JF_USER) && jb->req == KVT__NONE) kvt__job_free(c, jb->index);
@@ -351,10 +358,21 @@ void kvt__flush_submits(kvt_cache *c) {
 
 /* ---- completion entry points (backend threads) ---- */
 
+/* A completion that starts the next job: its copy may finish before the
+ * submit call returns, so kvt_drain also waits for c->submitting. */
+static void submit_from_library_thread(kvt_cache *c, uint32_t j) {
+  kvt__job_submit(c, j);
+  pthread_mutex_lock(&c->lock);
+  c->submitting--;
+  pthread_cond_broadcast(&c->cond);
+  pthread_mutex_unlock(&c->lock);
+}
+
 static void dev_done(kvt_dev_xfer *x, int status) {
   kvt__job *jb = x->engine_data;
   kvt_cache *c = jb->c;
   pthread_mutex_lock(&c->lock);
+  if (status == 0 && (jb->flags & KVT__JF_CANCEL)) status = KVT_ECANCELED;
   for (uint32_t i = 0; i < jb->n_ops; i++) {
     kvt__op *op = &jb->ops[i];
     op->status = status;
@@ -364,11 +382,14 @@ static void dev_done(kvt_dev_xfer *x, int status) {
   if (status && !jb->status) jb->status = status;
   observe(c, jb, 0, jb->bytes);
   uint32_t next = write_through(c, jb);
-  if (next != KVT__NONE) c->inflight++;
+  if (next != KVT__NONE) {
+    c->inflight++;
+    c->submitting++;
+  }
   finish_job(c, jb);
   pthread_cond_broadcast(&c->cond);
   pthread_mutex_unlock(&c->lock);
-  if (next != KVT__NONE) kvt__job_submit(c, next);
+  if (next != KVT__NONE) submit_from_library_thread(c, next);
 }
 
 static void disk_op_done(void *arg, int status) {
@@ -377,6 +398,7 @@ static void disk_op_done(void *arg, int status) {
   kvt_cache *c = jb->c;
   int load_next = 0;
   pthread_mutex_lock(&c->lock);
+  if (status == 0 && (jb->flags & KVT__JF_CANCEL)) status = KVT_ECANCELED;
   op->status = status;
   if (jb->kind == KVT__JOB_SPILL) spill_done(c, jb, op);
   else fetch_done(c, jb, op);
@@ -388,6 +410,7 @@ static void disk_op_done(void *arg, int status) {
       if (cut_loads_at_first_failure(c, jb) > 0) {
         jb->phase = 2;
         load_next = 1;
+        c->submitting++;
       } else {
         finish_job(c, jb);
       }
@@ -397,5 +420,5 @@ static void disk_op_done(void *arg, int status) {
   }
   pthread_cond_broadcast(&c->cond);
   pthread_mutex_unlock(&c->lock);
-  if (load_next) kvt__job_submit(c, jb->index);
+  if (load_next) submit_from_library_thread(c, jb->index);
 }

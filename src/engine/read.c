@@ -142,14 +142,18 @@ static void scan_prefix(kvt_cache *c, const kvt_key *keys, const uint32_t *token
     kvt__entry *en = kvt__E(c, e);
     if (!kvt__key_eq(&en->parent, parent_of(c, keys, i))) break;
     int t = fastest_valid(en);
+    /* A copy into a faster tier is in flight (another request's load, a
+     * prefetch): wait for it rather than copy the block a second time. */
+    int filling_above = 0;
+    for (int k = 0; k < (t < 0 ? KVT__NTIERS : t); k++) filling_above |= en->state[k] == KVT__FILLING;
+    if (filling_above) {
+      sr->must_wait = 1;
+      break;
+    }
+    if (t < 0) break;
     /* Disk blocks stage through host slots: restore no more of them than
      * the host tier holds (the rest of the prefix is recomputed). */
     if (t == KVT__T_DISK && sr->per_tier[KVT__T_DISK] >= c->cap[KVT__T_HOST]) break;
-    if (t < 0) {
-      /* Being filled somewhere (a prefetch, a load for another request): wait for it. */
-      for (int k = 0; k < KVT__NTIERS; k++) sr->must_wait |= en->state[k] == KVT__FILLING;
-      break;
-    }
     if (!tokens_match(c, en, t, tokens ? tokens + i * c->bt : NULL)) {
       c->st.verify_mismatches++;
       break;
@@ -231,11 +235,64 @@ static int acquire_args_ok(const kvt_cache *c, const kvt_key *keys, size_t n_blo
   return n_blocks + extra > 0;
 }
 
+/* Undoes what reserve() held: pins, staged host slots, the job. */
+static void unreserve(kvt_cache *c, kvt__ref *refs, const scan_result *sr, uint32_t job, uint32_t n_stage) {
+  for (uint32_t i = 0; i < n_stage; i++) kvt__slots_put(&c->slots[KVT__T_HOST], c->jobs[job].dev_slots[i]);
+  unpin_prefix(c, refs, sr->n);
+  if (job != KVT__NONE) kvt__job_free(c, job);
+}
+
+/* While make_room waited, another request may have started copying a
+ * pinned block into a faster tier (or finished doing so): restoring it
+ * again would overwrite that copy's slot. */
+static int prefix_moved(kvt_cache *c, const kvt__ref *refs, uint32_t n) {
+  for (uint32_t i = 0; i < n; i++) {
+    const kvt__entry *en = kvt__E(c, refs[i].entry);
+    for (int t = 0; t < refs[i].tier; t++)
+      if (en->state[t] != KVT__ABSENT) return 1;
+  }
+  return 0;
+}
+
+/* Pins the restorable prefix and makes room for the request: host slots
+ * to stage its disk blocks (held in the job's dev_slots array) and device
+ * slots for everything not already on the device. Lock held; may wait. */
+static int reserve(kvt_cache *c, const kvt_key *keys, const uint32_t *tokens, size_t restore, kvt__ref *refs,
+                   uint32_t total, int may_wait, scan_result *sr, uint32_t *job_out) {
+  for (;;) {
+    scan_prefix(c, keys, tokens, restore, refs, sr);
+    if (sr->must_wait) {
+      unpin_prefix(c, refs, sr->n);
+      if (!may_wait) return KVT_EAGAIN;
+      pthread_cond_wait(&c->cond, &c->lock);
+      continue;
+    }
+    uint32_t n_copy = sr->n - sr->per_tier[KVT__T_DEV], n_stage = 0, job = KVT__NONE;
+    int rc = 0;
+    if (n_copy && (job = kvt__job_new(c, KVT__JOB_LOAD, 0)) == KVT__NONE) rc = may_wait ? KVT_ENOSPACE : KVT_EAGAIN;
+    else if ((rc = kvt__make_room(c, KVT__T_HOST, sr->per_tier[KVT__T_DISK], may_wait)) == 0) {
+      /* Hold the staging slots now: the device's demotions below need host
+       * slots too, and must make their own room rather than take these. */
+      for (; n_stage < sr->per_tier[KVT__T_DISK]; n_stage++)
+        c->jobs[job].dev_slots[n_stage] = kvt__slots_take(&c->slots[KVT__T_HOST]);
+      rc = kvt__make_room(c, KVT__T_DEV, total - sr->per_tier[KVT__T_DEV], may_wait);
+    }
+    if (rc == 0 && c->n_req_free == 0) rc = KVT_ENOSPACE;
+    if (rc == 0 && !prefix_moved(c, refs, sr->n)) {
+      *job_out = job;
+      return 0;
+    }
+    unreserve(c, refs, sr, job, n_stage);
+    if (rc != 0) return rc;
+  }
+}
+
 int kvt_acquire(kvt_cache *c, const kvt_key *keys, const uint32_t *tokens, size_t n_blocks, size_t restore,
                 size_t extra_slots, uint32_t flags, kvt_req *req, uint32_t *slots, kvt_acquire_info *info) {
   KVT__REQ_CHECK(c);
   if (!acquire_args_ok(c, keys, n_blocks, restore, extra_slots, req, slots, info)) return -EINVAL;
-  if (n_blocks + extra_slots > c->cap[KVT__T_DEV] || n_blocks + extra_slots > c->cfg.max_job_blocks) return -E2BIG;
+  uint64_t limit = c->cap[KVT__T_DEV] < c->cfg.max_job_blocks ? c->cap[KVT__T_DEV] : c->cfg.max_job_blocks;
+  if (n_blocks > limit || extra_slots > limit - n_blocks) return -E2BIG; /* no wrap-around */
   int may_wait = !(flags & KVT_ACQUIRE_NOWAIT), rc = 0;
   uint32_t total = (uint32_t)(n_blocks + extra_slots), job = KVT__NONE, ref0;
   scan_result sr;
@@ -245,36 +302,14 @@ int kvt_acquire(kvt_cache *c, const kvt_key *keys, const uint32_t *tokens, size_
     return KVT_ENOSPACE;
   }
   kvt__ref *refs = &c->refs[ref0];
-  for (;;) {
-    scan_prefix(c, keys, tokens, restore, refs, &sr);
-    if (!sr.must_wait) break;
-    unpin_prefix(c, refs, sr.n);
-    if (!may_wait) {
-      refs_free(c, ref0, total);
-      pthread_mutex_unlock(&c->lock);
-      return KVT_EAGAIN;
-    }
-    pthread_cond_wait(&c->cond, &c->lock);
-  }
-  uint32_t n_copy = sr.n - sr.per_tier[KVT__T_DEV], n_stage = 0;
-  if (n_copy && (job = kvt__job_new(c, KVT__JOB_LOAD, 0)) == KVT__NONE) rc = may_wait ? KVT_ENOSPACE : KVT_EAGAIN;
-  else if ((rc = kvt__make_room(c, KVT__T_HOST, sr.per_tier[KVT__T_DISK], may_wait)) == 0) {
-    /* Hold the staging slots now: the device's demotions below need host
-     * slots too, and must make their own room rather than take these. */
-    uint32_t *stage = job == KVT__NONE ? NULL : c->jobs[job].dev_slots;
-    for (; n_stage < sr.per_tier[KVT__T_DISK]; n_stage++) stage[n_stage] = kvt__slots_take(&c->slots[KVT__T_HOST]);
-    rc = kvt__make_room(c, KVT__T_DEV, total - sr.per_tier[KVT__T_DEV], may_wait);
-  }
-  if (rc == 0 && c->n_req_free == 0) rc = KVT_ENOSPACE;
+  rc = reserve(c, keys, tokens, restore, refs, total, may_wait, &sr, &job);
   if (rc != 0) {
-    for (uint32_t i = 0; i < n_stage; i++) kvt__slots_put(&c->slots[KVT__T_HOST], c->jobs[job].dev_slots[i]);
-    unpin_prefix(c, refs, sr.n);
     refs_free(c, ref0, total);
-    if (job != KVT__NONE) kvt__job_free(c, job);
     pthread_mutex_unlock(&c->lock);
     kvt__flush_submits(c);
     return rc;
   }
+  uint32_t n_copy = sr.n - sr.per_tier[KVT__T_DEV];
   uint32_t r = c->req_free[--c->n_req_free];
   kvt__request *rq = &c->reqs[r];
   rq->gen++;

@@ -83,7 +83,7 @@ int kvt_prefetch(kvt_cache *c, const kvt_key *keys, size_t n, kvt_job *job) {
   pthread_mutex_unlock(&c->lock);
   kvt__flush_submits(c);
   if (j != KVT__NONE) kvt__job_submit(c, j);
-  return j != KVT__NONE ? 1 : (rc == KVT_ENOSPACE ? rc : 0);
+  return j != KVT__NONE ? 1 : (rc < 0 ? rc : 0);
 }
 
 int kvt_job_poll(kvt_cache *c, kvt_job job) { return kvt_job_wait(c, job, 0); }
@@ -111,6 +111,15 @@ int kvt_job_wait(kvt_cache *c, kvt_job job, int64_t timeout_ns) {
   if (rc == 0) rc = c->jobs[j].status;
   pthread_mutex_unlock(&c->lock);
   return rc;
+}
+
+int kvt_job_cancel(kvt_cache *c, kvt_job job) {
+  if (!job_api_ok(c)) return c ? KVT_ELAYOUT : -EINVAL;
+  pthread_mutex_lock(&c->lock);
+  uint32_t j = kvt__job_from_handle(c, job);
+  if (j != KVT__NONE && !c->jobs[j].done) c->jobs[j].flags |= KVT__JF_CANCEL;
+  pthread_mutex_unlock(&c->lock);
+  return j == KVT__NONE ? KVT_ENOJOB : 0;
 }
 
 int kvt_job_release(kvt_cache *c, kvt_job job) {
