@@ -8,6 +8,8 @@
 #include "helpers.h"
 #include "kvtier/kvtier.h"
 
+int kvt__check_invariants(kvt_cache *c, char *msg, size_t len); /* src/engine/check.c */
+
 #define FIX_LAYERS 4
 #define FIX_SEG_BYTES 512
 
@@ -54,7 +56,15 @@ static inline void fixture_open(fixture *f, uint32_t slots, uint32_t host_blocks
   fixture_open_cfg(f, &cfg, slots);
 }
 
+/* Every test ends with the tier map's invariants checked (no slot leaked
+ * or shared, LRU lists consistent, nothing pinned once idle). */
 static inline void fixture_close(fixture *f) {
+  char why[160] = "";
+  if (f->c) {
+    kvt_drain(f->c);
+    if (kvt__check_invariants(f->c, why, sizeof why) != 0) print_error("tier map invariant: %s\n", why);
+    assert_string_equal(why, "");
+  }
   kvt_close(f->c);
   for (int l = 0; l < FIX_LAYERS; l++)
     for (int s = 0; s < 2; s++) free(f->pool[l][s]);

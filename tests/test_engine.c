@@ -250,6 +250,41 @@ static void refused_load_does_not_hang_layer_waits(void **state) {
   fixture_close(&f);
 }
 
+static int slow_d2h(void *ctx, int site, int64_t arg) {
+  return site == KVT_FAULT_DEV_DELAY_US && arg == KVT_XFER_D2H ? 50000 : 0;
+}
+
+/* A cancelled store discards its copies: no host copy, the device copy stays. */
+static void cancelled_store_discards_its_copies(void **state) {
+  fixture f;
+  fixture_open(&f, 16, 16);
+  kvt_key k[4];
+  uint32_t t[4 * BT];
+  keys_for(&f, 8, 4, k, t);
+  run_request(&f, k, t, 4, 8);
+  kvt__fault_set(slow_d2h, NULL);
+  kvt_job j;
+  assert_int_equal(kvt_store(f.c, k, 4, KVT_STORE_EVICT, &j), 1);
+  assert_int_equal(kvt_job_cancel(f.c, j), 0);
+  assert_int_equal(kvt_job_wait(f.c, j, -1), KVT_ECANCELED);
+  kvt__fault_set(NULL, NULL);
+  assert_int_equal(kvt_job_cancel(f.c, j), 0); /* finished: nothing to undo */
+  assert_int_equal(kvt_job_release(f.c, j), 0);
+  assert_int_equal(kvt_job_cancel(f.c, j), KVT_ENOJOB);
+  kvt_lookup_result r = look(&f, k, 4);
+  assert_int_equal(r.n_device, 4);
+  assert_int_equal(r.n_host, 0);
+  kvt_stats st = {.size = sizeof st};
+  kvt_get_stats(f.c, &st);
+  assert_int_equal(st.jobs_cancelled, 1);
+  assert_int_equal(st.copy_errors, 0);
+  assert_int_equal(st.resident_host, 0);
+  offload(&f, k, 4); /* a second store goes through */
+  assert_int_equal(look(&f, k, 4).n_host, 4);
+  assert_int_equal(run_request(&f, k, t, 4, 8), 4);
+  fixture_close(&f);
+}
+
 static void write_through_copies_at_commit(void **state) {
   kvt_config cfg = fixture_config(16);
   cfg.write_policy = KVT_WRITE_THROUGH;
@@ -387,6 +422,7 @@ int main(void) {
       cmocka_unit_test(layerwise_load_progress),
       cmocka_unit_test(failed_load_means_recompute),
       cmocka_unit_test(refused_load_does_not_hang_layer_waits),
+      cmocka_unit_test(cancelled_store_discards_its_copies),
       cmocka_unit_test(write_through_copies_at_commit),
       cmocka_unit_test(bad_arguments_get_codes),
       cmocka_unit_test(no_device_fails_cleanly),
