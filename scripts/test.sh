@@ -3,7 +3,7 @@
 #   1. the normal build with -Werror (CUDA backend included when the toolkit
 #      is there; its tests skip with 77 without a GPU) and the whole suite;
 #   2. the whole suite under ASan+UBSan;
-#   3. the concurrency tests under TSan (fewer iterations);
+#   3. every test under TSan (the concurrency stress with fewer iterations);
 #   4. the libFuzzer targets, briefly, when clang is available;
 #   5. a smoke run of the main job and the bench subcommands.
 set -euo pipefail
@@ -33,12 +33,12 @@ cmake --build build/asan -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build/asan --output-on-failure -j"$jobs"
 
-step "TSan: concurrency tests"
+step "TSan: every test (stress at a quarter of its iterations)"
 cmake -S . -B build/tsan -DKVT_WERROR=ON -DKVT_TSAN=ON -DKVT_CUDA=OFF -DKVT_BUILD_EXAMPLES=OFF \
   -DKVT_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build/tsan -j"$jobs"
 KVT_STRESS_SCALE=0.25 TSAN_OPTIONS=halt_on_error=1 \
-  ctest --test-dir build/tsan --output-on-failure -L concurrency
+  ctest --test-dir build/tsan --output-on-failure -j"$jobs"
 
 if [[ -f fuzz/CMakeLists.txt ]] && command -v clang >/dev/null 2>&1; then
   step "fuzzers (bounded)"

@@ -250,6 +250,27 @@ static void refused_load_does_not_hang_layer_waits(void **state) {
   fixture_close(&f);
 }
 
+/* Blocks filled by decode become cacheable through kvt_request_extend. */
+static void decode_blocks_extend_the_request(void **state) {
+  fixture f;
+  fixture_open(&f, 16, 16);
+  kvt_key k[6];
+  uint32_t t[6 * BT], slots[6];
+  keys_for(&f, 12, 6, k, t); /* 4 blocks of prompt, 2 generated */
+  kvt_req r;
+  assert_int_equal(kvt_acquire(f.c, k, t, 4, 4, 2, 0, &r, slots, NULL), 0);
+  for (uint32_t i = 0; i < 6; i++) fixture_write(&f, slots[i], block_seed(12, i));
+  assert_int_equal(kvt_request_extend(f.c, r, k + 4, t + 4 * BT, 3), -EINVAL); /* only 2 extra */
+  assert_int_equal(kvt_request_extend(f.c, r, k + 4, t + 4 * BT, 2), 0);
+  assert_int_equal(kvt_commit(f.c, r, 6, NULL), 0);
+  assert_int_equal(kvt_release(f.c, r), 0);
+  assert_int_equal(look(&f, k, 6).n_device, 6);
+  offload(&f, k, 6);
+  fixture_scribble(&f);
+  assert_int_equal(run_request(&f, k, t, 6, 12), 6); /* all six come back exact */
+  fixture_close(&f);
+}
+
 static int slow_d2h(void *ctx, int site, int64_t arg) {
   return site == KVT_FAULT_DEV_DELAY_US && arg == KVT_XFER_D2H ? 50000 : 0;
 }
@@ -423,6 +444,7 @@ int main(void) {
       cmocka_unit_test(failed_load_means_recompute),
       cmocka_unit_test(refused_load_does_not_hang_layer_waits),
       cmocka_unit_test(cancelled_store_discards_its_copies),
+      cmocka_unit_test(decode_blocks_extend_the_request),
       cmocka_unit_test(write_through_copies_at_commit),
       cmocka_unit_test(bad_arguments_get_codes),
       cmocka_unit_test(no_device_fails_cleanly),

@@ -321,6 +321,14 @@ KVT_API int kvt_request_layer_ready(kvt_cache *c, kvt_req req, uint32_t layer);
  * provisional until kvt_request_wait/poll confirms the final n_ready. */
 KVT_API int kvt_request_wait_layer(kvt_cache *c, kvt_req req, uint32_t layer, void *stream);
 
+/* Decode filled the request's first n extra slots with full blocks: they
+ * become keyed blocks n_blocks .. n_blocks+n-1 with keys[0..n) (continuing
+ * the request's chain, e.g. from kvt_hash_tokens with the last key as
+ * parent) and tokens (n * block_tokens ids, may be NULL), so kvt_commit can
+ * cache them. Slots do not move: extra slot j is block n_blocks + j.
+ * -EINVAL when n exceeds the extra slots left. */
+KVT_API int kvt_request_extend(kvt_cache *c, kvt_req req, const kvt_key *keys, const uint32_t *tokens, size_t n);
+
 /* The engine has written valid KV for keyed blocks [0, n_valid) of the
  * request (restored plus computed); blocks it computed become cached on the
  * device. `stream` (CUDA: the compute stream that wrote them, else NULL)

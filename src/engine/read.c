@@ -431,6 +431,26 @@ int kvt_request_wait_layer(kvt_cache *c, kvt_req req, uint32_t layer, void *stre
 
 /* ---- commit and release ---- */
 
+int kvt_request_extend(kvt_cache *c, kvt_req req, const kvt_key *keys, const uint32_t *tokens, size_t n) {
+  KVT__REQ_CHECK(c);
+  if (n && !keys) return -EINVAL;
+  pthread_mutex_lock(&c->lock);
+  uint32_t r = req_from_handle(c, req);
+  int rc = r == KVT__NONE ? KVT_ENOJOB : (n > c->reqs[r].n_extra ? -EINVAL : 0);
+  if (rc == 0) {
+    kvt__request *rq = &c->reqs[r];
+    for (size_t i = 0; i < n; i++) {
+      kvt__ref *ref = &c->refs[rq->ref0 + rq->n_blocks + i];
+      ref->key = keys[i];
+      set_dev_tokens(c, ref->slot, tokens ? tokens + i * c->bt : NULL);
+    }
+    rq->n_blocks += (uint32_t)n;
+    rq->n_extra -= (uint32_t)n;
+  }
+  pthread_mutex_unlock(&c->lock);
+  return rc;
+}
+
 static uint32_t commit_blocks(kvt_cache *c, kvt__request *rq, uint32_t n_valid, uint32_t *stores) {
   uint32_t n_store = 0;
   for (uint32_t i = rq->n_committed; i < n_valid; i++) {
