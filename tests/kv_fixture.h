@@ -97,6 +97,37 @@ static inline void conv_tokens(uint32_t *t, uint32_t n_tokens, uint32_t conv) {
 
 static inline uint64_t block_seed(uint32_t conv, uint32_t block) { return (uint64_t)conv << 20 | block; }
 
+/* Keys and tokens of conversation conv's first n blocks. */
+static inline void fixture_keys(fixture *f, uint32_t conv, uint32_t n, kvt_key *keys, uint32_t *tok) {
+  conv_tokens(tok, n * f->bt, conv);
+  size_t nk = 0;
+  assert_int_equal(kvt_hash_tokens(f->c, NULL, tok, n * f->bt, keys, n, &nk), 0);
+  assert_int_equal(nk, n);
+}
+
+/* Offloads keys (kvt_store with EVICT) and asserts the copy succeeded. */
+static inline void fixture_offload(fixture *f, const kvt_key *keys, uint32_t n) {
+  kvt_job j;
+  int rc = kvt_store(f->c, keys, n, KVT_STORE_EVICT, &j);
+  assert_true(rc == 0 || rc == 1);
+  if (rc == 1) {
+    assert_int_equal(kvt_job_wait(f->c, j, -1), 0);
+    assert_int_equal(kvt_job_release(f->c, j), 0);
+  }
+}
+
+static inline kvt_lookup_result fixture_lookup(fixture *f, const kvt_key *keys, uint32_t n) {
+  kvt_lookup_result r = {.size = sizeof r};
+  assert_int_equal(kvt_lookup(f->c, keys, n, &r, NULL), 0);
+  return r;
+}
+
+static inline kvt_stats fixture_stats(fixture *f) {
+  kvt_stats st = {.size = sizeof st};
+  assert_int_equal(kvt_get_stats(f->c, &st), 0);
+  return st;
+}
+
 /* Runs one request: restores what is cached, "computes" the rest, commits all. */
 static inline uint32_t run_request(fixture *f, const kvt_key *keys, const uint32_t *tok, uint32_t n,
                                    uint32_t conv) {

@@ -14,18 +14,11 @@
 
 #define BT 16
 
-static void keys_for(fixture *f, uint32_t conv, uint32_t n, kvt_key *keys, uint32_t *tok) {
-  conv_tokens(tok, n * BT, conv);
-  size_t nk = 0;
-  assert_int_equal(kvt_hash_tokens(f->c, NULL, tok, n * BT, keys, n, &nk), 0);
-  assert_int_equal(nk, n);
-}
-
 /* After every bad call the cache still serves a conversation end to end. */
 static void still_works(fixture *f, uint32_t conv) {
   kvt_key k[3];
   uint32_t t[3 * BT];
-  keys_for(f, conv, 3, k, t);
+  fixture_keys(f, conv, 3, k, t);
   uint32_t first = run_request(f, k, t, 3, conv);
   assert_true(first <= 3);
   assert_int_equal(run_request(f, k, t, 3, conv), 3);
@@ -353,7 +346,7 @@ static void lookup_bad_args_and_foreign_keys(void **state) {
   fixture_open(&f, 8, 8);
   kvt_key k[3];
   uint32_t t[3 * BT];
-  keys_for(&f, 4, 3, k, t);
+  fixture_keys(&f, 4, 3, k, t);
   run_request(&f, k, t, 3, 4);
   kvt_lookup_result lr = {.size = sizeof lr};
   uint8_t tiers[3];
@@ -406,7 +399,7 @@ static void plan_request_bad_args(void **state) {
   fixture_open(&f, 8, 8);
   kvt_key k[3];
   uint32_t t[3 * BT];
-  keys_for(&f, 5, 3, k, t);
+  fixture_keys(&f, 5, 3, k, t);
   kvt_plan plan = {.size = sizeof plan};
   assert_int_equal(kvt_plan_request(NULL, k, 3, 48, &plan), -EINVAL);
   assert_int_equal(kvt_plan_request(f.c, k, 3, 48, &plan), KVT_ESTATE);
@@ -451,7 +444,7 @@ static void acquire_bad_args(void **state) {
   fixture_open(&f, 8, 8);
   kvt_key k[4];
   uint32_t t[4 * BT], slots[16];
-  keys_for(&f, 6, 4, k, t);
+  fixture_keys(&f, 6, 4, k, t);
   kvt_req r = 77;
   kvt_acquire_info info = {.size = sizeof info};
   assert_int_equal(kvt_acquire(NULL, k, t, 2, 2, 0, 0, &r, slots, &info), -EINVAL);
@@ -482,22 +475,12 @@ static int slow_copies(void *ctx, int site, int64_t arg) {
   return site == KVT_FAULT_DEV_DELAY_US ? atomic_load(&delay_us) : 0;
 }
 
-static void offload(fixture *f, const kvt_key *keys, uint32_t n) {
-  kvt_job j;
-  int rc = kvt_store(f->c, keys, n, KVT_STORE_EVICT, &j);
-  assert_true(rc == 0 || rc == 1);
-  if (rc == 1) {
-    assert_int_equal(kvt_job_wait(f->c, j, -1), 0);
-    assert_int_equal(kvt_job_release(f->c, j), 0);
-  }
-}
-
 static void request_handles_bad_and_stale(void **state) {
   fixture f;
   fixture_open(&f, 8, 8);
   kvt_key k[2];
   uint32_t t[2 * BT], slots[2], ready = 99;
-  keys_for(&f, 7, 2, k, t);
+  fixture_keys(&f, 7, 2, k, t);
   kvt_req r;
   assert_int_equal(kvt_acquire(f.c, k, t, 2, 2, 0, 0, &r, slots, NULL), 0);
   kvt_req bad[] = {0, 12345, r + (1ull << 32), r ^ 0xffffffffull, UINT64_MAX, (uint64_t)f.slots << 40};
@@ -553,9 +536,9 @@ static void calls_while_a_load_is_in_flight(void **state) {
   fixture_open(&f, 16, 16);
   kvt_key k[4];
   uint32_t t[4 * BT], slots[4], ready = 99;
-  keys_for(&f, 8, 4, k, t);
+  fixture_keys(&f, 8, 4, k, t);
   run_request(&f, k, t, 4, 8);
-  offload(&f, k, 4);
+  fixture_offload(&f, k, 4);
   fixture_scribble(&f);
   atomic_store(&delay_us, 100000);
   kvt__fault_set(slow_copies, NULL);
@@ -576,7 +559,7 @@ static void calls_while_a_load_is_in_flight(void **state) {
   assert_int_equal(kvt_commit(f.c, r, 4, NULL), 0);
   assert_int_equal(kvt_release(f.c, r), 0);
   /* Release while the load is in flight waits for it (documented). */
-  offload(&f, k, 4);
+  fixture_offload(&f, k, 4);
   atomic_store(&delay_us, 50000);
   kvt__fault_set(slow_copies, NULL);
   assert_int_equal(kvt_acquire(f.c, k, t, 4, 4, 0, 0, &r, slots, &info), 1);
@@ -600,9 +583,9 @@ static void regression_second_acquire_loads_into_a_filling_entry(void **state) {
   fixture_open(&f, 16, 16);
   kvt_key k[4];
   uint32_t t[4 * BT], s1[4], s2[4], ready = 0;
-  keys_for(&f, 8, 4, k, t);
+  fixture_keys(&f, 8, 4, k, t);
   run_request(&f, k, t, 4, 8);
-  offload(&f, k, 4);
+  fixture_offload(&f, k, 4);
   atomic_store(&delay_us, 100000);
   kvt__fault_set(slow_copies, NULL);
   kvt_req r1, r2;
@@ -632,7 +615,7 @@ static void regression_acquire_size_overflow(void **state) {
   fixture_open(&f, 8, 8);
   kvt_key k[2];
   uint32_t t[2 * BT], slots[2];
-  keys_for(&f, 6, 2, k, t);
+  fixture_keys(&f, 6, 2, k, t);
   run_request(&f, k, t, 2, 6);
   kvt_req r;
   int rc = kvt_acquire(f.c, k, t, 2, 2, SIZE_MAX, 0, &r, slots, NULL);
@@ -646,14 +629,14 @@ static void pinned_blocks_are_stored_not_evicted(void **state) {
   fixture_open(&f, 8, 8);
   kvt_key k[3];
   uint32_t t[3 * BT], slots[3];
-  keys_for(&f, 9, 3, k, t);
+  fixture_keys(&f, 9, 3, k, t);
   run_request(&f, k, t, 3, 9);
   kvt_req r;
   kvt_acquire_info info = {.size = sizeof info};
   assert_int_equal(kvt_acquire(f.c, k, t, 3, 3, 0, 0, &r, slots, &info), 0);
   assert_int_equal(info.n_device_hits, 3);
   /* Offloading blocks an active request pins: copied, never evicted. */
-  offload(&f, k, 3);
+  fixture_offload(&f, k, 3);
   kvt_lookup_result lr = {.size = sizeof lr};
   uint8_t tiers[3];
   assert_int_equal(kvt_lookup(f.c, k, 3, &lr, tiers), 0);
@@ -673,7 +656,7 @@ static void pinned_blocks_are_stored_not_evicted(void **state) {
   assert_int_equal(kvt_release(f.c, big), 0);
   assert_int_equal(kvt_release(f.c, r), 0);
   /* Unpinned now: the same store evicts (the host copies exist). */
-  offload(&f, k, 3);
+  fixture_offload(&f, k, 3);
   assert_int_equal(kvt_lookup(f.c, k, 3, &lr, NULL), 0);
   assert_int_equal(lr.n_device, 0);
   assert_int_equal(lr.n_host, 3);
@@ -707,7 +690,7 @@ static void store_and_prefetch_bad_args(void **state) {
   fixture_open(&f, 8, 8);
   kvt_key k[2];
   uint32_t t[2 * BT];
-  keys_for(&f, 11, 2, k, t);
+  fixture_keys(&f, 11, 2, k, t);
   run_request(&f, k, t, 2, 11);
   kvt_job j = 55;
   assert_int_equal(kvt_store(NULL, k, 2, 0, &j), -EINVAL);
@@ -745,7 +728,7 @@ static void store_and_prefetch_bad_args(void **state) {
   assert_int_equal(kvt_drain(c), 0);
   kvt_close(c);
   fixture_open(&f, 8, 0);
-  keys_for(&f, 12, 2, k, t);
+  fixture_keys(&f, 12, 2, k, t);
   run_request(&f, k, t, 2, 12);
   assert_int_equal(kvt_store(f.c, k, 2, 0, &j), KVT_EUNSUPPORTED);
   assert_int_equal(j, 0);
@@ -758,7 +741,7 @@ static void job_handles_bad_stale_and_detached(void **state) {
   fixture_open(&f, 16, 16);
   kvt_key k[4];
   uint32_t t[4 * BT];
-  keys_for(&f, 13, 4, k, t);
+  fixture_keys(&f, 13, 4, k, t);
   run_request(&f, k, t, 4, 13);
   kvt_job bad[] = {0, 1, 777, UINT64_MAX, 1ull << 32};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -816,8 +799,8 @@ static void regression_foreign_handles_accepted(void **state) {
   fixture_open(&b, 8, 8);
   kvt_key ka[2], kb[2];
   uint32_t ta[2 * BT], tb[2 * BT], sa[2], sb[2];
-  keys_for(&a, 1, 2, ka, ta);
-  keys_for(&b, 2, 2, kb, tb);
+  fixture_keys(&a, 1, 2, ka, ta);
+  fixture_keys(&b, 2, 2, kb, tb);
   kvt_req ra, rb;
   assert_int_equal(kvt_acquire(a.c, ka, ta, 2, 2, 0, 0, &ra, sa, NULL), 0);
   assert_int_equal(kvt_acquire(b.c, kb, tb, 2, 2, 0, 0, &rb, sb, NULL), 0);
@@ -884,7 +867,7 @@ static void cost_model_calls_bad_args(void **state) {
   assert_true(out.flops_per_gpu > 0 && isfinite(out.flops_per_gpu));
   kvt_key k[3];
   uint32_t t[3 * BT];
-  keys_for(&f, 14, 3, k, t);
+  fixture_keys(&f, 14, 3, k, t);
   kvt_plan plan = {.size = sizeof plan};
   assert_int_equal(kvt_plan_request(f.c, k, 3, 3 * BT, &plan), 0);
   assert_true(plan.est_ttft_s > 0 && isfinite(plan.est_ttft_s));

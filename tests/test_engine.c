@@ -6,30 +6,6 @@
 
 #define BT 16
 
-static void keys_for(fixture *f, uint32_t conv, uint32_t n, kvt_key *keys, uint32_t *tok) {
-  conv_tokens(tok, n * BT, conv);
-  size_t nk;
-  assert_int_equal(kvt_hash_tokens(f->c, NULL, tok, n * BT, keys, n, &nk), 0);
-  assert_int_equal(nk, n);
-}
-
-static void offload(fixture *f, const kvt_key *keys, uint32_t n) {
-  kvt_job j;
-  int rc = kvt_store(f->c, keys, n, KVT_STORE_EVICT, &j);
-  assert_true(rc == 0 || rc == 1);
-  if (rc == 1) {
-    assert_int_equal(kvt_job_wait(f->c, j, -1), 0);
-    assert_int_equal(kvt_job_release(f->c, j), 0);
-    assert_int_equal(kvt_job_release(f->c, j), KVT_ENOJOB); /* once only */
-  }
-}
-
-static kvt_lookup_result look(fixture *f, const kvt_key *keys, uint32_t n) {
-  kvt_lookup_result r = {.size = sizeof r};
-  assert_int_equal(kvt_lookup(f->c, keys, n, &r, NULL), 0);
-  return r;
-}
-
 static void multi_conversation_offload_restore_exact(void **state) {
   fixture f;
   fixture_open(&f, 40, 64);
@@ -37,12 +13,12 @@ static void multi_conversation_offload_restore_exact(void **state) {
   kvt_key keys[CONVS][6];
   uint32_t tok[CONVS][6 * BT];
   for (uint32_t c = 0; c < CONVS; c++) {
-    keys_for(&f, c, 6, keys[c], tok[c]);
+    fixture_keys(&f, c, 6, keys[c], tok[c]);
     assert_int_equal(run_request(&f, keys[c], tok[c], 4, c), 0);
   }
-  for (uint32_t c = 0; c < CONVS; c++) offload(&f, keys[c], 4);
+  for (uint32_t c = 0; c < CONVS; c++) fixture_offload(&f, keys[c], 4);
   for (uint32_t c = 0; c < CONVS; c++) {
-    kvt_lookup_result r = look(&f, keys[c], 6);
+    kvt_lookup_result r = fixture_lookup(&f, keys[c], 6);
     assert_int_equal(r.n_prefix, 4);
     assert_int_equal(r.n_host, 4);
     assert_int_equal(r.n_device, 0);
@@ -69,7 +45,7 @@ static void token_mismatch_is_refused(void **state) {
   fixture_open(&f, 16, 16);
   kvt_key keys[4];
   uint32_t tok[4 * BT], bad[4 * BT];
-  keys_for(&f, 7, 4, keys, tok);
+  fixture_keys(&f, 7, 4, keys, tok);
   run_request(&f, keys, tok, 4, 7);
   memcpy(bad, tok, sizeof tok);
   bad[2 * BT + 3] ^= 0x40; /* as if block 2's key collided with other tokens */
@@ -81,7 +57,7 @@ static void token_mismatch_is_refused(void **state) {
   assert_int_equal(info.n_restore, 2);
   assert_int_equal(kvt_release(f.c, r), 0);
   /* ... and on the host tier. */
-  offload(&f, keys, 4);
+  fixture_offload(&f, keys, 4);
   assert_true(kvt_acquire(f.c, keys, bad, 4, 4, 0, 0, &r, slots, &info) >= 0);
   assert_int_equal(info.n_restore, 2);
   uint32_t ready;
@@ -102,15 +78,15 @@ static void eviction_cascades_tail_first(void **state) {
   fixture_open(&f, 8, 6); /* device 8, host 6, no disk: host victims are dropped */
   kvt_key k[5][4];
   uint32_t t[5][4 * BT];
-  for (uint32_t c = 0; c < 5; c++) keys_for(&f, c, 4, k[c], t[c]);
+  for (uint32_t c = 0; c < 5; c++) fixture_keys(&f, c, 4, k[c], t[c]);
   run_request(&f, k[0], t[0], 4, 0);
   run_request(&f, k[1], t[1], 4, 1);
   run_request(&f, k[2], t[2], 4, 2); /* device full: A (oldest) demoted to host */
-  kvt_lookup_result r = look(&f, k[0], 4);
+  kvt_lookup_result r = fixture_lookup(&f, k[0], 4);
   assert_int_equal(r.n_host, 4);
-  assert_int_equal(look(&f, k[1], 4).n_device, 4);
+  assert_int_equal(fixture_lookup(&f, k[1], 4).n_device, 4);
   run_request(&f, k[3], t[3], 2, 3); /* needs 2 slots: B's tail goes, B's head stays */
-  r = look(&f, k[1], 4);
+  r = fixture_lookup(&f, k[1], 4);
   assert_int_equal(r.n_prefix, 4);
   assert_int_equal(r.n_device, 2);
   assert_int_equal(r.n_host, 2);
@@ -123,7 +99,7 @@ static void eviction_cascades_tail_first(void **state) {
   /* Host now full (A0-3, B2-3). Two more device victims push the host's
    * oldest out, tail first: A3 and A2 are dropped, A0-1 stay. */
   run_request(&f, k[4], t[4], 2, 4);
-  r = look(&f, k[0], 4);
+  r = fixture_lookup(&f, k[0], 4);
   assert_int_equal(r.n_prefix, 2);
   assert_int_equal(r.n_host, 2);
   kvt_stats st = {.size = sizeof st};
@@ -142,8 +118,8 @@ static void pinned_blocks_are_never_evicted(void **state) {
   fixture_open(&f, 8, 0);
   kvt_key a[6], b[4];
   uint32_t ta[6 * BT], tb[4 * BT], slots[6];
-  keys_for(&f, 1, 6, a, ta);
-  keys_for(&f, 2, 4, b, tb);
+  fixture_keys(&f, 1, 6, a, ta);
+  fixture_keys(&f, 2, 4, b, tb);
   kvt_req ra, rb;
   assert_int_equal(kvt_acquire(f.c, a, ta, 6, 6, 0, 0, &ra, slots, NULL), 0);
   for (int i = 0; i < 6; i++) fixture_write(&f, slots[i], block_seed(1, (uint32_t)i));
@@ -151,11 +127,11 @@ static void pinned_blocks_are_never_evicted(void **state) {
   /* 2 free slots, 6 pinned: a 4-block request cannot be served. */
   assert_int_equal(kvt_acquire(f.c, b, tb, 4, 4, 0, 0, &rb, slots, NULL), KVT_ENOSPACE);
   assert_int_equal(kvt_acquire(f.c, b, tb, 4, 4, 0, KVT_ACQUIRE_NOWAIT, &rb, slots, NULL), KVT_ENOSPACE);
-  assert_int_equal(look(&f, a, 6).n_device, 6);
+  assert_int_equal(fixture_lookup(&f, a, 6).n_device, 6);
   assert_int_equal(kvt_release(f.c, ra), 0);
   assert_int_equal(run_request(&f, b, tb, 4, 2), 0);
   /* a's tail made room; its head is still there and exact. */
-  assert_int_equal(look(&f, a, 6).n_prefix, 4);
+  assert_int_equal(fixture_lookup(&f, a, 6).n_prefix, 4);
   assert_int_equal(run_request(&f, a, ta, 4, 1), 4);
   fixture_close(&f);
 }
@@ -165,9 +141,9 @@ static void layerwise_load_progress(void **state) {
   fixture_open(&f, 16, 16);
   kvt_key k[8];
   uint32_t t[8 * BT], slots[8], ready = 0;
-  keys_for(&f, 3, 8, k, t);
+  fixture_keys(&f, 3, 8, k, t);
   run_request(&f, k, t, 8, 3);
-  offload(&f, k, 8);
+  fixture_offload(&f, k, 8);
   fixture_scribble(&f);
   kvt_req r;
   assert_int_equal(kvt_acquire(f.c, k, t, 8, 8, 0, 0, &r, slots, NULL), 1);
@@ -200,9 +176,9 @@ static void failed_load_means_recompute(void **state) {
   fixture_open(&f, 16, 16);
   kvt_key k[4];
   uint32_t t[4 * BT], slots[4], ready = 99;
-  keys_for(&f, 5, 4, k, t);
+  fixture_keys(&f, 5, 4, k, t);
   run_request(&f, k, t, 4, 5);
-  offload(&f, k, 4);
+  fixture_offload(&f, k, 4);
   int injected = 0;
   kvt__fault_set(fail_h2d, &injected);
   kvt_req r;
@@ -219,8 +195,8 @@ static void failed_load_means_recompute(void **state) {
   assert_int_equal(st.copy_errors, 4);
   assert_int_equal(st.jobs_failed, 1);
   /* The host copies were untouched by the failed copy. */
-  assert_int_equal(look(&f, k, 4).n_device, 4);
-  offload(&f, k, 4);
+  assert_int_equal(fixture_lookup(&f, k, 4).n_device, 4);
+  fixture_offload(&f, k, 4);
   assert_int_equal(run_request(&f, k, t, 4, 5), 4);
   fixture_close(&f);
 }
@@ -235,9 +211,9 @@ static void refused_load_does_not_hang_layer_waits(void **state) {
   fixture_open(&f, 16, 16);
   kvt_key k[4];
   uint32_t t[4 * BT], slots[4], ready = 99;
-  keys_for(&f, 6, 4, k, t);
+  fixture_keys(&f, 6, 4, k, t);
   run_request(&f, k, t, 4, 6);
-  offload(&f, k, 4);
+  fixture_offload(&f, k, 4);
   kvt__fault_set(refuse_h2d_submit, NULL);
   kvt_req r;
   assert_true(kvt_acquire(f.c, k, t, 4, 4, 0, 0, &r, slots, NULL) >= 0);
@@ -256,7 +232,7 @@ static void decode_blocks_extend_the_request(void **state) {
   fixture_open(&f, 16, 16);
   kvt_key k[6];
   uint32_t t[6 * BT], slots[6];
-  keys_for(&f, 12, 6, k, t); /* 4 blocks of prompt, 2 generated */
+  fixture_keys(&f, 12, 6, k, t); /* 4 blocks of prompt, 2 generated */
   kvt_req r;
   assert_int_equal(kvt_acquire(f.c, k, t, 4, 4, 2, 0, &r, slots, NULL), 0);
   for (uint32_t i = 0; i < 6; i++) fixture_write(&f, slots[i], block_seed(12, i));
@@ -264,8 +240,8 @@ static void decode_blocks_extend_the_request(void **state) {
   assert_int_equal(kvt_request_extend(f.c, r, k + 4, t + 4 * BT, 2), 0);
   assert_int_equal(kvt_commit(f.c, r, 6, NULL), 0);
   assert_int_equal(kvt_release(f.c, r), 0);
-  assert_int_equal(look(&f, k, 6).n_device, 6);
-  offload(&f, k, 6);
+  assert_int_equal(fixture_lookup(&f, k, 6).n_device, 6);
+  fixture_offload(&f, k, 6);
   fixture_scribble(&f);
   assert_int_equal(run_request(&f, k, t, 6, 12), 6); /* all six come back exact */
   fixture_close(&f);
@@ -281,7 +257,7 @@ static void cancelled_store_discards_its_copies(void **state) {
   fixture_open(&f, 16, 16);
   kvt_key k[4];
   uint32_t t[4 * BT];
-  keys_for(&f, 8, 4, k, t);
+  fixture_keys(&f, 8, 4, k, t);
   run_request(&f, k, t, 4, 8);
   kvt__fault_set(slow_d2h, NULL);
   kvt_job j;
@@ -292,7 +268,7 @@ static void cancelled_store_discards_its_copies(void **state) {
   assert_int_equal(kvt_job_cancel(f.c, j), 0); /* finished: nothing to undo */
   assert_int_equal(kvt_job_release(f.c, j), 0);
   assert_int_equal(kvt_job_cancel(f.c, j), KVT_ENOJOB);
-  kvt_lookup_result r = look(&f, k, 4);
+  kvt_lookup_result r = fixture_lookup(&f, k, 4);
   assert_int_equal(r.n_device, 4);
   assert_int_equal(r.n_host, 0);
   kvt_stats st = {.size = sizeof st};
@@ -300,8 +276,8 @@ static void cancelled_store_discards_its_copies(void **state) {
   assert_int_equal(st.jobs_cancelled, 1);
   assert_int_equal(st.copy_errors, 0);
   assert_int_equal(st.resident_host, 0);
-  offload(&f, k, 4); /* a second store goes through */
-  assert_int_equal(look(&f, k, 4).n_host, 4);
+  fixture_offload(&f, k, 4); /* a second store goes through */
+  assert_int_equal(fixture_lookup(&f, k, 4).n_host, 4);
   assert_int_equal(run_request(&f, k, t, 4, 8), 4);
   fixture_close(&f);
 }
@@ -313,14 +289,14 @@ static void write_through_copies_at_commit(void **state) {
   fixture_open_cfg(&f, &cfg, 16);
   kvt_key k[3];
   uint32_t t[3 * BT];
-  keys_for(&f, 9, 3, k, t);
+  fixture_keys(&f, 9, 3, k, t);
   run_request(&f, k, t, 3, 9);
   assert_int_equal(kvt_drain(f.c), 0);
   kvt_stats st = {.size = sizeof st};
   kvt_get_stats(f.c, &st);
   assert_int_equal(st.blocks_d2h, 3);
   assert_int_equal(st.resident_host, 3);
-  assert_int_equal(look(&f, k, 3).n_device, 3);
+  assert_int_equal(fixture_lookup(&f, k, 3).n_device, 3);
   fixture_close(&f);
 }
 
@@ -375,7 +351,7 @@ static void bad_arguments_get_codes(void **state) {
   /* The next valid call still works. */
   kvt_key keys[2];
   uint32_t t[2 * BT];
-  keys_for(&f, 1, 2, keys, t);
+  fixture_keys(&f, 1, 2, keys, t);
   assert_int_equal(run_request(&f, keys, t, 2, 1), 0);
   assert_int_equal(run_request(&f, keys, t, 2, 1), 2);
   fixture_close(&f);
@@ -408,9 +384,9 @@ static void no_device_fails_cleanly(void **state) {
   assert_string_equal(kvt_device_backend_name(f.c), "host");
   kvt_key k[2];
   uint32_t t[2 * BT];
-  keys_for(&f, 4, 2, k, t);
+  fixture_keys(&f, 4, 2, k, t);
   assert_int_equal(run_request(&f, k, t, 2, 4), 0);
-  offload(&f, k, 2);
+  fixture_offload(&f, k, 2);
   assert_int_equal(run_request(&f, k, t, 2, 4), 2);
   fixture_close(&f);
 }

@@ -32,38 +32,12 @@ static int open_disk_fixture(fixture *f, uint32_t slots, uint32_t host, uint64_t
   return 0;
 }
 
-static void keys_for(fixture *f, uint32_t conv, uint32_t n, kvt_key *keys, uint32_t *tok) {
-  conv_tokens(tok, n * BT, conv);
-  size_t nk;
-  assert_int_equal(kvt_hash_tokens(f->c, NULL, tok, n * BT, keys, n, &nk), 0);
-}
-
-static void offload(fixture *f, const kvt_key *keys, uint32_t n) {
-  kvt_job j;
-  if (kvt_store(f->c, keys, n, KVT_STORE_EVICT, &j) == 1) {
-    assert_int_equal(kvt_job_wait(f->c, j, -1), 0);
-    kvt_job_release(f->c, j);
-  }
-}
-
-static kvt_lookup_result look(fixture *f, const kvt_key *keys, uint32_t n) {
-  kvt_lookup_result r = {.size = sizeof r};
-  assert_int_equal(kvt_lookup(f->c, keys, n, &r, NULL), 0);
-  return r;
-}
-
-static kvt_stats stats(fixture *f) {
-  kvt_stats st = {.size = sizeof st};
-  assert_int_equal(kvt_get_stats(f->c, &st), 0);
-  return st;
-}
-
 /* Three conversations through a host tier that holds one: A and B spill. */
 static void fill_three(fixture *f, kvt_key k[3][4], uint32_t t[3][4 * BT]) {
   for (uint32_t c = 0; c < 3; c++) {
-    keys_for(f, c, 4, k[c], t[c]);
+    fixture_keys(f, c, 4, k[c], t[c]);
     assert_int_equal(run_request(f, k[c], t[c], 4, c), 0);
-    offload(f, k[c], 4);
+    fixture_offload(f, k[c], 4);
   }
   kvt_drain(f->c);
 }
@@ -77,10 +51,10 @@ static void cascade_and_round_trip_via_disk(void **state) {
   kvt_key k[3][4];
   uint32_t t[3][4 * BT];
   fill_three(&f, k, t);
-  assert_int_equal(look(&f, k[0], 4).n_disk, 4); /* device -> host -> disk */
-  assert_int_equal(look(&f, k[1], 4).n_disk, 4);
-  assert_int_equal(look(&f, k[2], 4).n_host, 4);
-  kvt_stats st = stats(&f);
+  assert_int_equal(fixture_lookup(&f, k[0], 4).n_disk, 4); /* device -> host -> disk */
+  assert_int_equal(fixture_lookup(&f, k[1], 4).n_disk, 4);
+  assert_int_equal(fixture_lookup(&f, k[2], 4).n_host, 4);
+  kvt_stats st = fixture_stats(&f);
   assert_int_equal(st.blocks_h2disk, 8);
   assert_int_equal(st.evictions_host, 8);
   fixture_scribble(&f);
@@ -94,7 +68,7 @@ static void cascade_and_round_trip_via_disk(void **state) {
   assert_int_equal(ready, 4);
   for (uint32_t i = 0; i < 4; i++) assert_true(fixture_check(&f, slots[i], block_seed(0, i)));
   kvt_release(f.c, r);
-  st = stats(&f);
+  st = fixture_stats(&f);
   assert_int_equal(st.blocks_disk2h, 4);
   assert_int_equal(st.hits_disk, 4);
   /* Prefetch moves B up to the host ahead of its turn. */
@@ -102,7 +76,7 @@ static void cascade_and_round_trip_via_disk(void **state) {
   assert_int_equal(kvt_prefetch(f.c, k[1], 4, &j), 1);
   assert_int_equal(kvt_job_wait(f.c, j, -1), 0);
   kvt_job_release(f.c, j);
-  kvt_lookup_result lr = look(&f, k[1], 4);
+  kvt_lookup_result lr = fixture_lookup(&f, k[1], 4);
   assert_int_equal(lr.n_host + lr.n_device, 4);
   assert_int_equal(run_request(&f, k[1], t[1], 4, 1), 4);
   fixture_close(&f);
@@ -119,13 +93,13 @@ static void disk_prefix_longer_than_host_is_clipped(void **state) {
   kvt_key k[2][8];
   uint32_t t[2][8 * BT];
   for (uint32_t c = 0; c < 2; c++) {
-    keys_for(&f, 20 + c, 8, k[c], t[c]);
+    fixture_keys(&f, 20 + c, 8, k[c], t[c]);
     run_request(&f, k[c], t[c], 8, 20 + c);
-    offload(&f, k[c] + 4, 4); /* the host holds 4: offload in two halves, tail first */
-    offload(&f, k[c], 4);
+    fixture_offload(&f, k[c] + 4, 4); /* the host holds 4: offload in two halves, tail first */
+    fixture_offload(&f, k[c], 4);
   }
   kvt_drain(f.c);
-  assert_int_equal(look(&f, k[0], 8).n_disk, 8);
+  assert_int_equal(fixture_lookup(&f, k[0], 8).n_disk, 8);
   kvt_req r;
   uint32_t slots[8], ready;
   kvt_acquire_info info = {.size = sizeof info};
@@ -149,11 +123,11 @@ static void reopen_finds_completed_blocks(void **state) {
   fill_three(&f, k, t);
   fixture_close(&f); /* clean close: A and B are on disk, C was only in RAM */
   assert_int_equal(open_disk_fixture(&f, 8, 4, 32, 0), 0);
-  kvt_stats st = stats(&f);
+  kvt_stats st = fixture_stats(&f);
   assert_int_equal(st.disk_recovered, 8);
-  assert_int_equal(look(&f, k[0], 4).n_disk, 4);
-  assert_int_equal(look(&f, k[1], 4).n_disk, 4);
-  assert_int_equal(look(&f, k[2], 4).n_prefix, 0);
+  assert_int_equal(fixture_lookup(&f, k[0], 4).n_disk, 4);
+  assert_int_equal(fixture_lookup(&f, k[1], 4).n_disk, 4);
+  assert_int_equal(fixture_lookup(&f, k[2], 4).n_prefix, 0);
   assert_int_equal(run_request(&f, k[1], t[1], 4, 1), 4); /* exact after restart */
   fixture_close(&f);
   /* Another model's cache must not see these blocks, nor touch them: it
@@ -162,11 +136,11 @@ static void reopen_finds_completed_blocks(void **state) {
   cfg.model_fingerprint = "another-model";
   fixture g;
   fixture_open_cfg(&g, &cfg, 8);
-  assert_int_equal(stats(&g).disk_recovered, 0);
-  assert_int_equal(look(&g, k[1], 4).n_prefix, 0);
+  assert_int_equal(fixture_stats(&g).disk_recovered, 0);
+  assert_int_equal(fixture_lookup(&g, k[1], 4).n_prefix, 0);
   fixture_close(&g);
   assert_int_equal(open_disk_fixture(&f, 8, 4, 32, 0), 0);
-  assert_int_equal(stats(&f).disk_recovered, 8);
+  assert_int_equal(fixture_stats(&f).disk_recovered, 8);
   assert_int_equal(run_request(&f, k[0], t[0], 4, 0), 4);
   fixture_close(&f);
 }
@@ -195,7 +169,7 @@ static void corrupt_record_is_a_counted_miss(void **state) {
   fsync(fd);
   close(fd);
   assert_int_equal(run_request(&f, k[0], t[0], 4, 0), 2); /* blocks 0-1 restored, 2-3 recomputed */
-  kvt_stats st = stats(&f);
+  kvt_stats st = fixture_stats(&f);
   assert_int_equal(st.checksum_failures, 1);
   fixture_close(&f);
 }
@@ -231,22 +205,22 @@ static void io_errors_fail_only_their_blocks(void **state) {
   fill_three(&f, k, t);
   kvt__fault_set(NULL, NULL);
   assert_int_equal(left, 0);
-  kvt_stats st = stats(&f);
+  kvt_stats st = fixture_stats(&f);
   assert_int_equal(st.io_errors, 2);
   assert_int_equal(st.blocks_h2disk, 6);
   /* The two failed blocks are gone, everything else is intact and exact. */
-  kvt_lookup_result lr = look(&f, k[0], 4);
+  kvt_lookup_result lr = fixture_lookup(&f, k[0], 4);
   assert_true(lr.n_prefix < 4);
-  assert_int_equal(look(&f, k[1], 4).n_disk, 4);
+  assert_int_equal(fixture_lookup(&f, k[1], 4).n_disk, 4);
   assert_int_equal(run_request(&f, k[1], t[1], 4, 1), 4);
   assert_int_equal(run_request(&f, k[2], t[2], 4, 2), 4);
   assert_int_equal(run_request(&f, k[0], t[0], 4, 0), lr.n_prefix);
   /* An EIO on a fetch: the engine recomputes, and the record stays good. */
-  offload(&f, k[0], 4);
-  offload(&f, k[1], 4);
-  offload(&f, k[2], 4);
+  fixture_offload(&f, k[0], 4);
+  fixture_offload(&f, k[1], 4);
+  fixture_offload(&f, k[2], 4);
   kvt_drain(f.c);
-  lr = look(&f, k[1], 4);
+  lr = fixture_lookup(&f, k[1], 4);
   assert_int_equal(lr.n_prefix, 4);
   uint32_t on_disk = lr.n_disk;
   left = 1;
@@ -270,18 +244,18 @@ static void write_through_reaches_disk(void **state) {
   }
   kvt_key k[4];
   uint32_t t[4 * BT];
-  keys_for(&f, 11, 4, k, t);
+  fixture_keys(&f, 11, 4, k, t);
   assert_int_equal(run_request(&f, k, t, 4, 11), 0);
   assert_int_equal(kvt_drain(f.c), 0);
-  kvt_stats st = stats(&f);
+  kvt_stats st = fixture_stats(&f);
   assert_int_equal(st.blocks_d2h, 4);
   assert_int_equal(st.blocks_h2disk, 4);
   assert_int_equal(st.resident_disk, 4);
-  assert_int_equal(look(&f, k, 4).n_device, 4);
+  assert_int_equal(fixture_lookup(&f, k, 4).n_device, 4);
   fixture_close(&f);
   cfg.disk_reset = 0;
   fixture_open_cfg(&f, &cfg, 8);
-  assert_int_equal(stats(&f).disk_recovered, 4);
+  assert_int_equal(fixture_stats(&f).disk_recovered, 4);
   assert_int_equal(run_request(&f, k, t, 4, 11), 4);
   fixture_close(&f);
 }

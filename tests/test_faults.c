@@ -114,13 +114,6 @@ static void close_disk(fixture *f) {
   unlink(disk_path);
 }
 
-static void keys_for(fixture *f, uint32_t conv, uint32_t n, kvt_key *keys, uint32_t *tok) {
-  conv_tokens(tok, n * BT, conv);
-  size_t nk;
-  assert_int_equal(kvt_hash_tokens(f->c, NULL, tok, n * BT, keys, n, &nk), 0);
-  assert_int_equal(nk, n);
-}
-
 /* Offload; returns the store job's result (0 when there was nothing to copy). */
 static int offload(fixture *f, const kvt_key *keys, uint32_t n) {
   kvt_job j;
@@ -130,18 +123,6 @@ static int offload(fixture *f, const kvt_key *keys, uint32_t n) {
   rc = kvt_job_wait(f->c, j, -1);
   assert_int_equal(kvt_job_release(f->c, j), 0);
   return rc;
-}
-
-static kvt_lookup_result look(fixture *f, const kvt_key *keys, uint32_t n) {
-  kvt_lookup_result r = {.size = sizeof r};
-  assert_int_equal(kvt_lookup(f->c, keys, n, &r, NULL), 0);
-  return r;
-}
-
-static kvt_stats stats(fixture *f) {
-  kvt_stats st = {.size = sizeof st};
-  assert_int_equal(kvt_get_stats(f->c, &st), 0);
-  return st;
 }
 
 enum { NCONV = 3, NB = 4 };
@@ -155,13 +136,13 @@ typedef struct world {
  * scribbled: only a restore can make a block's bytes right again. */
 static void fill(fixture *f, world *w) {
   for (uint32_t c = 0; c < NCONV; c++) {
-    keys_for(f, c, NB, w->k[c], w->t[c]);
+    fixture_keys(f, c, NB, w->k[c], w->t[c]);
     assert_int_equal(run_request(f, w->k[c], w->t[c], NB, c), 0);
     assert_int_equal(kvt_drain(f->c), 0); /* write-through copies land first */
     offload(f, w->k[c], NB);
     assert_int_equal(kvt_drain(f->c), 0);
   }
-  for (uint32_t c = 0; c < NCONV; c++) assert_int_equal(look(f, w->k[c], NB).n_device, 0);
+  for (uint32_t c = 0; c < NCONV; c++) assert_int_equal(fixture_lookup(f, w->k[c], NB).n_device, 0);
   fixture_scribble(f);
 }
 
@@ -189,26 +170,26 @@ static void store_copy_failure_keeps_device_copies(void **state) {
     fixture_open(&f, 16, 16);
     world w;
     for (uint32_t c = 0; c < NCONV; c++) {
-      keys_for(&f, c, NB, w.k[c], w.t[c]);
+      fixture_keys(&f, c, NB, w.k[c], w.t[c]);
       run_request(&f, w.k[c], w.t[c], NB, c);
     }
     assert_int_equal(offload(&f, w.k[2], NB), 0); /* a good store first */
     arm(sites[i], KVT_XFER_D2H, -EIO, 0, 1);
     assert_int_equal(offload(&f, w.k[0], NB), -EIO);
     assert_int_equal(disarm(), 1);
-    kvt_stats st = stats(&f);
+    kvt_stats st = fixture_stats(&f);
     assert_int_equal(st.copy_errors, NB);
     assert_int_equal(st.jobs_failed, 1);
     assert_int_equal(st.blocks_d2h, NB);
     /* The failed store lost nothing: still on the device, exact. */
-    kvt_lookup_result lr = look(&f, w.k[0], NB);
+    kvt_lookup_result lr = fixture_lookup(&f, w.k[0], NB);
     assert_int_equal(lr.n_device, NB);
     assert_int_equal(st.resident_host, NB); /* only conversation 2's copies */
     assert_int_equal(run_request(&f, w.k[0], w.t[0], NB, 0), NB);
     /* The store is retried and works; all three restore exact from the host. */
     assert_int_equal(offload(&f, w.k[0], NB), 0);
     assert_int_equal(offload(&f, w.k[1], NB), 0);
-    assert_int_equal(look(&f, w.k[0], NB).n_host, NB);
+    assert_int_equal(fixture_lookup(&f, w.k[0], NB).n_host, NB);
     all_readable(&f, &w);
     fixture_close(&f);
   }
@@ -221,7 +202,7 @@ static void load_copy_failure_means_recompute(void **state) {
     fixture_open(&f, 16, 16);
     world w;
     for (uint32_t c = 0; c < NCONV; c++) {
-      keys_for(&f, c, NB, w.k[c], w.t[c]);
+      fixture_keys(&f, c, NB, w.k[c], w.t[c]);
       run_request(&f, w.k[c], w.t[c], NB, c);
       offload(&f, w.k[c], NB);
     }
@@ -229,7 +210,7 @@ static void load_copy_failure_means_recompute(void **state) {
     arm(sites[i], KVT_XFER_H2D, -EIO, 0, 1);
     assert_int_equal(restore(&f, &w, 1), 0); /* all four recomputed */
     assert_int_equal(disarm(), 1);
-    kvt_stats st = stats(&f);
+    kvt_stats st = fixture_stats(&f);
     assert_int_equal(st.copy_errors, NB);
     assert_int_equal(st.jobs_failed, 1);
     assert_int_equal(st.hits_host, NB);
@@ -248,9 +229,9 @@ static void demotion_copy_failure_loses_no_block(void **state) {
   fixture f;
   fixture_open(&f, 8, 16);
   world w;
-  keys_for(&f, 0, NB, w.k[0], w.t[0]);
-  keys_for(&f, 1, NB, w.k[1], w.t[1]);
-  keys_for(&f, 2, NB, w.k[2], w.t[2]);
+  fixture_keys(&f, 0, NB, w.k[0], w.t[0]);
+  fixture_keys(&f, 1, NB, w.k[1], w.t[1]);
+  fixture_keys(&f, 2, NB, w.k[2], w.t[2]);
   run_request(&f, w.k[0], w.t[0], NB, 0);
   run_request(&f, w.k[1], w.t[1], NB, 1); /* device full */
   arm(KVT_FAULT_DEV_COMPLETE, KVT_XFER_D2H, -EIO, 0, 1);
@@ -258,7 +239,7 @@ static void demotion_copy_failure_loses_no_block(void **state) {
   assert_int_equal(run_request(&f, w.k[2], w.t[2], NB, 2), 0);
   assert_int_equal(disarm(), 1);
   assert_int_equal(kvt_drain(f.c), 0);
-  kvt_stats st = stats(&f);
+  kvt_stats st = fixture_stats(&f);
   assert_true(st.copy_errors >= 1);
   assert_true(st.jobs_failed >= 1);
   all_readable(&f, &w);
@@ -273,7 +254,7 @@ static void regression_persistent_demotion_failure_hangs_acquire(void **state) {
   fixture f;
   fixture_open(&f, 8, 16);
   world w;
-  for (uint32_t c = 0; c < NCONV; c++) keys_for(&f, c, NB, w.k[c], w.t[c]);
+  for (uint32_t c = 0; c < NCONV; c++) fixture_keys(&f, c, NB, w.k[c], w.t[c]);
   run_request(&f, w.k[0], w.t[0], NB, 0);
   run_request(&f, w.k[1], w.t[1], NB, 1);
   arm(KVT_FAULT_DEV_SUBMIT, KVT_XFER_D2H, -EIO, 0, -1);
@@ -295,7 +276,7 @@ static void slow_copies_do_not_block_other_calls(void **state) {
   fixture_open(&f, 16, 16);
   world w;
   for (uint32_t c = 0; c < NCONV; c++) {
-    keys_for(&f, c, NB, w.k[c], w.t[c]);
+    fixture_keys(&f, c, NB, w.k[c], w.t[c]);
     run_request(&f, w.k[c], w.t[c], NB, c);
   }
   offload(&f, w.k[0], NB);
@@ -305,7 +286,7 @@ static void slow_copies_do_not_block_other_calls(void **state) {
   wait_gate_holds();
   /* While the store is held: lookups, stats, a device-hit request, a load. */
   assert_int_equal(kvt_job_poll(f.c, j), 1);
-  kvt_lookup_result lr = look(&f, w.k[1], NB);
+  kvt_lookup_result lr = fixture_lookup(&f, w.k[1], NB);
   assert_int_equal(lr.n_device, NB); /* still on the device until the copy lands */
   assert_int_equal(run_request(&f, w.k[2], w.t[2], NB, 2), NB);
   kvt_req r;
@@ -324,7 +305,7 @@ static void slow_copies_do_not_block_other_calls(void **state) {
   assert_int_equal(kvt_commit(f.c, r, NB, NULL), 0);
   assert_int_equal(kvt_release(f.c, r), 0);
   assert_int_equal(kvt_job_release(f.c, j), 0);
-  assert_int_equal(look(&f, w.k[1], NB).n_host, NB);
+  assert_int_equal(fixture_lookup(&f, w.k[1], NB).n_host, NB);
   all_readable(&f, &w);
   fixture_close(&f);
 }
@@ -336,7 +317,7 @@ static void job_released_midway_completes_whole(void **state) {
   fixture f;
   fixture_open(&f, 16, 16);
   world w;
-  keys_for(&f, 0, NB, w.k[0], w.t[0]);
+  fixture_keys(&f, 0, NB, w.k[0], w.t[0]);
   run_request(&f, w.k[0], w.t[0], NB, 0);
   close_gate(KVT_FAULT_DEV_DELAY_US);
   kvt_job j;
@@ -347,10 +328,10 @@ static void job_released_midway_completes_whole(void **state) {
   open_gate();
   assert_int_equal(kvt_drain(f.c), 0);
   disarm();
-  kvt_stats st = stats(&f);
+  kvt_stats st = fixture_stats(&f);
   assert_int_equal(st.blocks_d2h, NB);
   assert_int_equal(st.jobs_failed, 0);
-  assert_int_equal(look(&f, w.k[0], NB).n_host, NB);
+  assert_int_equal(fixture_lookup(&f, w.k[0], NB).n_host, NB);
   fixture_scribble(&f);
   assert_int_equal(run_request(&f, w.k[0], w.t[0], NB, 0), NB);
   fixture_close(&f);
@@ -388,7 +369,7 @@ static void host_alloc_failure_at_register(void **state) {
   assert_int_equal(kvt_register_layout(f.c, &lay), 0);
   kvt_key k[NB];
   uint32_t t[NB * BT];
-  keys_for(&f, 3, NB, k, t);
+  fixture_keys(&f, 3, NB, k, t);
   run_request(&f, k, t, NB, 3);
   assert_int_equal(offload(&f, k, NB), 0);
   fixture_scribble(&f);
@@ -433,10 +414,10 @@ static void host_pool_exhaustion(void **state) {
   fixture_open(&f, 16, 4);
   kvt_key k[6];
   uint32_t t[6 * BT];
-  keys_for(&f, 4, 6, k, t);
+  fixture_keys(&f, 4, 6, k, t);
   run_request(&f, k, t, 6, 4);
   assert_int_equal(offload(&f, k, 6), 0);
-  kvt_stats st = stats(&f);
+  kvt_stats st = fixture_stats(&f);
   assert_int_equal(st.resident_host, 4);
   assert_int_equal(st.blocks_d2h, 4);
   uint8_t tiers[6];
@@ -461,10 +442,10 @@ static void host_pool_exhaustion(void **state) {
    * (no disk: dropped), and it restores exact. */
   kvt_key k2[4];
   uint32_t t2[4 * BT];
-  keys_for(&f, 5, 4, k2, t2);
+  fixture_keys(&f, 5, 4, k2, t2);
   run_request(&f, k2, t2, 4, 5);
   assert_int_equal(offload(&f, k2, 4), 0);
-  st = stats(&f);
+  st = fixture_stats(&f);
   assert_int_equal(st.resident_host, 4);
   assert_true(st.evictions_host >= 4);
   fixture_scribble(&f);
@@ -479,18 +460,18 @@ static void disk_restore_larger_than_host_tier(void **state) {
   open_disk(&f, 16, 2, 32, KVT_WRITE_BACK);
   kvt_key k[6];
   uint32_t t[6 * BT];
-  keys_for(&f, 6, 6, k, t);
+  fixture_keys(&f, 6, 6, k, t);
   run_request(&f, k, t, 6, 6);
   /* Each store copies what the 2-slot host tier takes; the previous
    * pair spills to disk. */
-  for (int round = 0; round < 6 && look(&f, k, 6).n_device > 0; round++) offload(&f, k, 6);
+  for (int round = 0; round < 6 && fixture_lookup(&f, k, 6).n_device > 0; round++) offload(&f, k, 6);
   kvt_key k2[4];
   uint32_t t2[4 * BT];
-  keys_for(&f, 7, 4, k2, t2);
+  fixture_keys(&f, 7, 4, k2, t2);
   run_request(&f, k2, t2, 4, 7);
-  for (int round = 0; round < 6 && look(&f, k2, 4).n_device > 0; round++) offload(&f, k2, 4);
+  for (int round = 0; round < 6 && fixture_lookup(&f, k2, 4).n_device > 0; round++) offload(&f, k2, 4);
   kvt_drain(f.c);
-  kvt_lookup_result lr = look(&f, k, 6);
+  kvt_lookup_result lr = fixture_lookup(&f, k, 6);
   assert_int_equal(lr.n_prefix, 6);
   assert_true(lr.n_disk >= 4);
   fixture_scribble(&f);
@@ -539,7 +520,7 @@ static void spill_write_failures(void **state) {
     fill(&f, &w);
     int n = disarm();
     assert_int_equal(n, 2);
-    kvt_stats st = stats(&f);
+    kvt_stats st = fixture_stats(&f);
     assert_int_equal(st.io_errors, 2);
     assert_true(st.jobs_failed >= 1);
     assert_int_equal(st.blocks_h2disk, 2 * NB - 2);
@@ -547,7 +528,7 @@ static void spill_write_failures(void **state) {
     assert_int_equal(st.checksum_failures, 0);
     /* Conversation 0 lost two blocks' only copies: it restores a shorter
      * prefix (exact) and recomputes the rest; 1 and 2 restore whole. */
-    assert_true(look(&f, w.k[0], NB).n_prefix < NB);
+    assert_true(fixture_lookup(&f, w.k[0], NB).n_prefix < NB);
     assert_true(restore(&f, &w, 0) < NB);
     assert_int_equal(restore(&f, &w, 1), NB);
     assert_int_equal(restore(&f, &w, 2), NB);
@@ -574,12 +555,12 @@ static void fetch_read_failures(void **state) {
       open_disk(&f, 8, 4, 32, KVT_WRITE_THROUGH);
       world w;
       fill(&f, &w);
-      kvt_stats before = stats(&f);
+      kvt_stats before = fixture_stats(&f);
       arm(cases[i].site, cases[i].site == KVT_FAULT_IO_SUBMIT ? KVT_IO_READ : -1, cases[i].value, skip, 1);
       uint32_t ready = restore(&f, &w, 0);
       assert_int_equal(disarm(), 1);
       if (ready >= NB) fail_msg("case %zu skip %d: ready %u", i, skip, ready);
-      kvt_stats st = stats(&f);
+      kvt_stats st = fixture_stats(&f);
       assert_int_equal(st.io_errors - before.io_errors, 1);
       assert_true(ready < NB);
       /* Completion order is the backend's: the failed block is one of the
@@ -605,13 +586,13 @@ static void transient_errors_are_retried(void **state) {
     arm(KVT_FAULT_IO_COMPLETE, -1, values[i], 0, 3); /* three spill writes retried */
     fill(&f, &w);
     assert_int_equal(disarm(), 3);
-    kvt_stats st = stats(&f);
+    kvt_stats st = fixture_stats(&f);
     assert_int_equal(st.io_errors, 0);
     assert_int_equal(st.blocks_h2disk, 2 * NB);
     arm(KVT_FAULT_IO_COMPLETE, -1, values[i], 0, 2); /* and two fetch reads */
     assert_int_equal(restore(&f, &w, 0), NB);
     assert_int_equal(disarm(), 2);
-    assert_int_equal(stats(&f).io_errors, 0);
+    assert_int_equal(fixture_stats(&f).io_errors, 0);
     all_readable(&f, &w);
     close_disk(&f);
   }
@@ -624,18 +605,18 @@ static void prefetch_read_failure(void **state) {
   open_disk(&f, 8, 4, 32, KVT_WRITE_THROUGH);
   world w;
   fill(&f, &w);
-  kvt_stats before = stats(&f);
+  kvt_stats before = fixture_stats(&f);
   arm(KVT_FAULT_IO_COMPLETE, -1, -EIO, 0, 1);
   kvt_job j;
   assert_int_equal(kvt_prefetch(f.c, w.k[1], NB, &j), 1);
   assert_int_equal(kvt_job_wait(f.c, j, -1), -EIO);
   assert_int_equal(kvt_job_release(f.c, j), 0);
   assert_int_equal(disarm(), 1);
-  kvt_stats st = stats(&f);
+  kvt_stats st = fixture_stats(&f);
   assert_int_equal(st.io_errors - before.io_errors, 1);
   assert_int_equal(st.jobs_failed - before.jobs_failed, 1);
   assert_int_equal(st.blocks_disk2h - before.blocks_disk2h, NB - 1);
-  kvt_lookup_result lr = look(&f, w.k[1], NB);
+  kvt_lookup_result lr = fixture_lookup(&f, w.k[1], NB);
   assert_int_equal(lr.n_prefix, NB); /* the failed block is still on disk */
   assert_int_equal(restore(&f, &w, 1), NB);
   all_readable(&f, &w);
@@ -661,10 +642,10 @@ static void slow_disk_completions(void **state) {
   assert_int_equal(kvt_request_layer_ready(f.c, r, 0), 1);
   assert_int_equal(kvt_commit(f.c, r, NB, NULL), KVT_EBUSY);
   /* Meanwhile: lookups, and a new conversation computed on the device. */
-  assert_int_equal(look(&f, w.k[1], NB).n_disk, NB);
+  assert_int_equal(fixture_lookup(&f, w.k[1], NB).n_disk, NB);
   kvt_key k9[2];
   uint32_t t9[2 * BT];
-  keys_for(&f, 9, 2, k9, t9);
+  fixture_keys(&f, 9, 2, k9, t9);
   assert_int_equal(run_request(&f, k9, t9, 2, 9), 0);
   assert_int_equal(run_request(&f, k9, t9, 2, 9), 2);
   open_gate();
@@ -686,7 +667,7 @@ static void disk_load_copy_failure(void **state) {
   arm(KVT_FAULT_DEV_COMPLETE, KVT_XFER_H2D, -EIO, 0, 1);
   assert_int_equal(restore(&f, &w, 1), 0);
   assert_int_equal(disarm(), 1);
-  assert_int_equal(stats(&f).copy_errors, NB);
+  assert_int_equal(fixture_stats(&f).copy_errors, NB);
   all_readable(&f, &w);
   close_disk(&f);
 }
@@ -726,9 +707,9 @@ static void corrupt_records_are_counted_misses(void **state) {
     world w;
     fill(&f, &w);
     assert_int_equal(corrupt_records(disk_path, w.k[0], NB, where[i]), NB);
-    kvt_stats before = stats(&f);
+    kvt_stats before = fixture_stats(&f);
     assert_int_equal(restore(&f, &w, 0), 0); /* never the corrupt bytes */
-    kvt_stats st = stats(&f);
+    kvt_stats st = fixture_stats(&f);
     uint64_t bad = (st.checksum_failures - before.checksum_failures) +
                    (st.verify_mismatches - before.verify_mismatches);
     assert_true(bad >= 1);
