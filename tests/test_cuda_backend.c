@@ -119,6 +119,18 @@ static void fix_open(fix *f, int kind) {
   CK(f->be->open(&args, &f->ctx));
   f->host_bytes = 2 * NBLK * RECORD;
   CK(f->be->host_alloc(f->ctx, f->host_bytes, (void **)&f->host, &f->pinned));
+  if (!f->pinned) { /* say why, once: every kernel-path check below depends on it */
+    static int said;
+    void *probe = NULL;
+    if (!said++ && posix_memalign(&probe, 4096, 1 << 20) == 0) {
+      cudaError_t e = cudaHostRegister(probe, 1 << 20, cudaHostRegisterPortable | cudaHostRegisterMapped);
+      fprintf(stderr, "test_cuda_backend: host pool NOT pinned; cudaHostRegister says: %s\n",
+              cudaGetErrorString(e));
+      if (e == cudaSuccess) cudaHostUnregister(probe);
+      cudaGetLastError();
+    }
+    free(probe);
+  }
   for (int k = 0; k < 2; k++)
     for (int i = 0; i < NBLK; i++) f->payload[k][i] = f->host + ((size_t)k * NBLK + i) * RECORD + 4096;
   /* Distinct scattered slots: a fixed shuffle of 0..SLOTS-1. */
@@ -420,6 +432,25 @@ static void refused_pinning_falls_back_to_pageable(void **state) {
 #endif
 }
 
+/* KV in RAM (a CPU engine's layout) is not the CUDA backend's: open says
+ * KVT_ENODEV, so KVT_DEVICE_AUTO falls back to the host backend, instead of
+ * a copy kernel faulting on host pointers. */
+static void host_memory_layout_is_enodev(void **state) {
+  static unsigned char ram[2 * SEG_BYTES * 4];
+  kvt_segment seg[2] = {{ram, 2 * SEG_BYTES, SEG_BYTES}, {ram + SEG_BYTES, 2 * SEG_BYTES, SEG_BYTES}};
+  kvt_layout lay;
+  kvt_layout_init(&lay);
+  lay.num_layers = 1;
+  lay.segments_per_layer = 2;
+  lay.num_slots = 4;
+  lay.segments = seg;
+  kvt_dev_open_args args = {.layout = &lay, .cuda_device = 0, .copy_threads = 1};
+  void *ctx = NULL;
+  assert_int_equal(kvt_dev_backend_cuda()->open(&args, &ctx), KVT_ENODEV);
+  assert_null(ctx);
+  assert_int_equal(cudaGetLastError(), cudaSuccess); /* no error left behind */
+}
+
 /* Runs this test binary again with every device hidden: open must say
  * KVT_ENODEV (the child checks, its exit status reports). */
 static int no_device_child(void) {
@@ -473,6 +504,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(injected_submit_failure_leaves_backend_usable),
       cmocka_unit_test(injected_completion_error_reaches_done),
       cmocka_unit_test(refused_pinning_falls_back_to_pageable),
+      cmocka_unit_test(host_memory_layout_is_enodev),
       cmocka_unit_test(open_without_device_is_enodev),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

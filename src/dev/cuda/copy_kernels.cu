@@ -66,7 +66,16 @@ extern "C" int kvt__cuda_launch_copy(const kvt__cuda_copy_args *a, unsigned max_
   size_t items = (size_t)a->n_blocks * a->n_layers * a->spl * items_per_piece;
   if (items == 0) return (int)cudaSuccess;
   unsigned ctas = items < max_ctas ? (unsigned)items : max_ctas;
-  kvt__cuda_copy_kernel<<<ctas ? ctas : 1, KVT_CUDA_KERNEL_THREADS, 0, (cudaStream_t)stream>>>(
-      *a, items_per_piece);
-  return (int)cudaGetLastError();
+  /* cudaLaunchKernel returns this launch's own error; cudaGetLastError
+   * after <<<>>> would also report (and clear) a stale error of the
+   * engine's thread as ours. */
+  kvt__cuda_copy_args args = *a;
+  void *params[2] = {&args, &items_per_piece};
+  return (int)cudaLaunchKernel((const void *)kvt__cuda_copy_kernel, dim3(ctas ? ctas : 1),
+                               dim3(KVT_CUDA_KERNEL_THREADS), params, 0, (cudaStream_t)stream);
+}
+
+extern "C" int kvt__cuda_kernel_load(void) {
+  cudaFuncAttributes attr;
+  return (int)cudaFuncGetAttributes(&attr, (const void *)kvt__cuda_copy_kernel);
 }

@@ -50,13 +50,43 @@ static int upload_layout(cuda_ctx *c) {
   return kvt__cuda_status(e);
 }
 
+/* The layout's memory must be this device's: a CPU engine's KV in RAM
+ * (tinyllm, the engine tests) belongs to the host backend - KVT_ENODEV lets
+ * KVT_DEVICE_AUTO fall back to it - and the copy kernel would fault on it.
+ * Memory of another GPU is a caller's mistake (-EINVAL, no fallback). */
+static int check_segments(const cuda_ctx *c) {
+  const kvt_layout *lay = c->layout;
+  uint32_t nseg = lay->num_layers * lay->segments_per_layer;
+  for (uint32_t j = 0; lay->segments && j < nseg; j++) {
+    const kvt_segment *s = &lay->segments[j];
+    if (!s->base || !s->bytes || lay->num_slots == 0) return -EINVAL;
+    const char *end = (const char *)s->base + (size_t)(lay->num_slots - 1) * s->stride + s->bytes - 1;
+    const void *ptrs[2] = {s->base, end};
+    for (int k = 0; k < 2; k++) {
+      struct cudaPointerAttributes pa;
+      memset(&pa, 0, sizeof pa);
+      if (cudaPointerGetAttributes(&pa, ptrs[k]) != cudaSuccess) {
+        cudaGetLastError();
+        return KVT_ENODEV;
+      }
+      if (pa.type != cudaMemoryTypeDevice && pa.type != cudaMemoryTypeManaged) return KVT_ENODEV;
+      if (pa.device != c->device) return -EINVAL;
+    }
+  }
+  return 0;
+}
+
 static void probe_paths(cuda_ctx *c) {
   int same_va = 0, map = 0, sms = 0;
   cudaDeviceGetAttribute(&same_va, cudaDevAttrCanUseHostPointerForRegisteredMem, c->device);
   cudaDeviceGetAttribute(&map, cudaDevAttrCanMapHostMemory, c->device);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, c->device);
 #ifdef KVT_HAVE_CUDA_KERNELS
-  c->kernel_ok = same_va && map && c->dev_segs;
+  /* Loads the copy kernel now (lazy loading would do it at the first
+   * submit, and can deadlock against an engine kernel that spins), and
+   * finds out whether the build has code for this GPU at all. */
+  c->kernel_ok = same_va && map && c->dev_segs && kvt__cuda_kernel_load() == 0;
+  cudaGetLastError();
 #else
   c->kernel_ok = 0;
 #endif
@@ -79,13 +109,14 @@ static int create_streams(cuda_ctx *c) {
 static void cuda_close(void *ctx) {
   cuda_ctx *c = ctx;
   if (!c) return;
-  cudaSetDevice(c->device);
+  int prev = kvt__cuda_enter(c);
   kvt__cuda_lanes_stop(c); /* waits for every transfer in flight */
   for (int d = 0; d < 2; d++)
     if (c->lane[d].stream) cudaStreamDestroy(c->lane[d].stream);
   if (c->fence_ev) cudaEventDestroy(c->fence_ev);
   if (c->dev_segs) cudaFree(c->dev_segs);
   pthread_mutex_destroy(&c->region_lock);
+  kvt__cuda_leave(c, prev);
   free(c);
 }
 
@@ -98,22 +129,32 @@ static int cuda_open(const kvt_dev_open_args *args, void **out) {
     return KVT_ENODEV;
   }
   if (args->cuda_device < 0 || args->cuda_device >= n) return KVT_ENODEV;
-  if (cudaSetDevice(args->cuda_device) != cudaSuccess) return KVT_ENODEV;
   cuda_ctx *c = calloc(1, sizeof *c);
   if (!c) return -ENOMEM;
   c->device = args->cuda_device;
   c->layout = args->layout;
   pthread_mutex_init(&c->region_lock, NULL);
-  int rc = upload_layout(c);
+  int prev = -1;
+  if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
+  if (cudaSetDevice(c->device) != cudaSuccess) {
+    cudaGetLastError();
+    pthread_mutex_destroy(&c->region_lock);
+    free(c);
+    return KVT_ENODEV;
+  }
+  int rc = check_segments(c);
+  if (rc == 0) rc = upload_layout(c);
   if (rc == 0) rc = create_streams(c);
   if (rc == 0) probe_paths(c);
   if (rc == 0) rc = kvt__cuda_lanes_start(c);
   if (rc) {
-    cuda_close(c);
-    return rc;
+    cuda_close(c); /* restores nothing: c->device is current here */
+    cudaGetLastError(); /* leave no error of ours to the caller's next call */
+  } else {
+    *out = c;
   }
-  *out = c;
-  return 0;
+  if (prev >= 0 && prev != args->cuda_device) cudaSetDevice(prev);
+  return rc;
 }
 
 static void xfer_free(cuda_xfer *cx, uint32_t n_layers) {
@@ -130,6 +171,9 @@ static int cuda_xfer_prepare(void *ctx, kvt_dev_xfer *x) {
   cuda_xfer *cx = calloc(1, sizeof *cx);
   if (!cx) return -ENOMEM;
   cx->x = x;
+  /* Events belong to the device current at creation; recording one on a
+   * stream of another device fails. */
+  int prev = kvt__cuda_enter(c);
   cx->layer_ev = calloc(L ? L : 1, sizeof *cx->layer_ev);
   cudaError_t e = cx->layer_ev ? cudaSuccess : cudaErrorMemoryAllocation;
   for (uint32_t l = 0; e == cudaSuccess && l < L; l++)
@@ -137,12 +181,10 @@ static int cuda_xfer_prepare(void *ctx, kvt_dev_xfer *x) {
   /* The completion thread sleeps on this one instead of spinning a core. */
   if (e == cudaSuccess)
     e = cudaEventCreateWithFlags(&cx->done_ev, cudaEventDisableTiming | cudaEventBlockingSync);
-  if (e != cudaSuccess) {
-    xfer_free(cx, L);
-    return kvt__cuda_status(e);
-  }
-  x->backend_data = cx;
-  return 0;
+  if (e != cudaSuccess) xfer_free(cx, L);
+  else x->backend_data = cx;
+  kvt__cuda_leave(c, prev);
+  return kvt__cuda_status(e);
 }
 
 static void cuda_xfer_release(void *ctx, kvt_dev_xfer *x) {

@@ -45,8 +45,9 @@ int kvt__cuda_host_alloc(void *ctx, size_t bytes, void **ptr, int *pinned) {
   void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) return -errno;
   if (len >= ((size_t)2 << 20)) madvise(p, len, MADV_HUGEPAGE); /* fewer pages to pin */
-  cudaSetDevice(c->device);
+  int prev = kvt__cuda_enter(c);
   int ok = pin_region(p, len);
+  kvt__cuda_leave(c, prev);
   pthread_mutex_lock(&c->region_lock);
   full = c->n_regions == KVT__CUDA_MAX_REGIONS; /* a racing alloc took the last entry */
   if (!full) c->regions[c->n_regions++] = (cuda_region){(uintptr_t)p, len, ok};

@@ -94,6 +94,20 @@ typedef struct cuda_ctx {
 /* cudaError_t -> kvtier return code. */
 int kvt__cuda_status(cudaError_t err);
 
+/* Makes the backend's device current on the calling thread and returns the
+ * one that was current, for kvt__cuda_leave: an engine thread may have
+ * another device current, and the backend must neither create its events
+ * there nor leave its own device current behind. */
+static inline int kvt__cuda_enter(const cuda_ctx *c) {
+  int prev = -1;
+  if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
+  if (prev != c->device) cudaSetDevice(c->device);
+  return prev;
+}
+static inline void kvt__cuda_leave(const cuda_ctx *c, int prev) {
+  if (prev >= 0 && prev != c->device) cudaSetDevice(prev);
+}
+
 int kvt__cuda_host_alloc(void *ctx, size_t bytes, void **ptr, int *pinned);
 void kvt__cuda_host_free(void *ctx, void *ptr, size_t bytes);
 /* Snapshot of the pinned regions as coalescing spans; returns the count. */

@@ -40,6 +40,10 @@ typedef struct kvt__cuda_copy_args {
  * Returns the cudaError_t of the launch (0 = queued). */
 int kvt__cuda_launch_copy(const kvt__cuda_copy_args *a, unsigned max_ctas, void *stream);
 
+/* Loads the copy kernel on the current device (0 = it can run there, else
+ * the cudaError_t, e.g. no code in this build for the GPU's architecture). */
+int kvt__cuda_kernel_load(void);
+
 #ifdef __cplusplus
 }
 #endif

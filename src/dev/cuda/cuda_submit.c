@@ -142,10 +142,12 @@ static cudaError_t batch_async(cuda_lane *ln, size_t k) {
 
 /* Queues runs[0, k) with the batch API when asked and accepted, else one
  * cudaMemcpyAsync per run. A driver older than the runtime refuses the
- * batch API: remember that and stay on per-run copies. */
-static cudaError_t issue_runs(cuda_ctx *c, cuda_lane *ln, size_t k, int path) {
+ * batch API: remember that and stay on per-run copies. *path says what was
+ * used (tests and the bench check it: a batch that always falls back must
+ * not be reported as the batch path). */
+static cudaError_t issue_runs(cuda_ctx *c, cuda_lane *ln, size_t k, int *path) {
 #if KVT_CUDA_HAVE_BATCH
-  if (path == KVT__CUDA_PATH_BATCH && atomic_load(&c->batch_ok)) {
+  if (*path == KVT__CUDA_PATH_BATCH && atomic_load(&c->batch_ok)) {
     for (size_t i = 0; i < k; i++) {
       ln->b_dst[i] = ln->runs[i].dst;
       ln->b_src[i] = ln->runs[i].src;
@@ -160,6 +162,7 @@ static cudaError_t issue_runs(cuda_ctx *c, cuda_lane *ln, size_t k, int path) {
     if (e != cudaErrorInvalidValue) atomic_store(&c->batch_ok, 0);
   }
 #endif
+  *path = KVT__CUDA_PATH_MEMCPY;
   for (size_t i = 0; i < k; i++) {
     cudaError_t e = cudaMemcpyAsync(ln->runs[i].dst, ln->runs[i].src, ln->runs[i].bytes,
                                     cudaMemcpyDefault, ln->stream);
@@ -190,7 +193,7 @@ static int submit_runs(cuda_ctx *c, cuda_lane *ln, cuda_xfer *cx, const kvt__hos
   int checked = 0;
   size_t k;
   while ((k = kvt__coalesce_next(&it, ln->runs, KVT_CUDA_RUNS_PER_BATCH, &done)) > 0) {
-    rc = kvt__cuda_status(issue_runs(c, ln, k, cx->path));
+    rc = kvt__cuda_status(issue_runs(c, ln, k, &cx->path));
     if (!rc && !checked++) rc = mid_submit_fault(x);
     if (rc) return rc;
     for (; x->dir == KVT_XFER_H2D && signalled < done; signalled++) {
@@ -294,7 +297,7 @@ int kvt__cuda_submit(void *ctx, kvt_dev_xfer *x) {
   if (x->n_blocks && (!x->dev_slots || !x->host_blocks)) return -EINVAL;
   cuda_lane *ln = &c->lane[x->dir];
   cuda_xfer *cx = x->backend_data;
-  cudaSetDevice(c->device); /* the engine's thread may have another current device */
+  int prev = kvt__cuda_enter(c); /* the engine's thread may have another current device */
   pthread_mutex_lock(&ln->submit_lock);
   uint64_t ring_mark = ln->ring_head;
   int rc = issue(c, ln, cx);
@@ -306,10 +309,12 @@ int kvt__cuda_submit(void *ctx, kvt_dev_xfer *x) {
     cudaGetLastError();
     ln->ring_head = ring_mark;
     pthread_mutex_unlock(&ln->submit_lock);
+    kvt__cuda_leave(c, prev);
     return rc;
   }
   cx->ring_end = ln->ring_head;
   enqueue(ln, cx); /* still under submit_lock: queue order == stream order */
   pthread_mutex_unlock(&ln->submit_lock);
+  kvt__cuda_leave(c, prev);
   return 0;
 }
