@@ -91,6 +91,7 @@ typedef struct rig {
   int pinned;
   uint32_t *slots;  /* 2 * max_blocks distinct scattered slots */
   void **payload;   /* 2 * max_blocks host payloads */
+  int last_path[2]; /* path the backend actually took, per direction (last rig_run) */
 } rig;
 
 static void rig_close(rig *r) {
@@ -179,7 +180,10 @@ static double rig_run(rig *r, int dirs, uint32_t n, int reps) {
     }
   double t = now_s() - t0;
   for (int d = 0; d < 2; d++)
-    if (active[d]) r->be->xfer_release(r->ctx, &j[d].x);
+    if (active[d]) {
+      r->last_path[d] = kvt__cuda_xfer_path(&j[d].x);
+      r->be->xfer_release(r->ctx, &j[d].x);
+    }
   if (err) return -1;
   return (double)r->block_bytes * n * reps * (active[0] + active[1]) / t / 1e9;
 }
@@ -333,6 +337,8 @@ typedef struct best {
   double gbps[3][2];
   int path[3][2];
   double by_path[3][2][4];
+  int fell_back[3][2][4]; /* path asked for, another taken (e.g. batch refused) */
+  int unpinned;           /* a rig's host pool could not be pinned (cudaHostRegister refused) */
 } best;
 
 static void sweep_piece(out *o, const ceilings *c, int si, size_t piece, int quick, best *b) {
@@ -342,11 +348,15 @@ static void sweep_piece(out *o, const ceilings *c, int si, size_t piece, int qui
   for (size_t k = 0; k < sizeof counts / sizeof *counts; k++)
     if ((size_t)LAYERS * SPL * piece * counts[k] <= cap) max_n = counts[k];
   rig r;
-  if (rig_open(&r, piece, max_n)) {
-    emit(o, "scatter", "-", piece, 0, "-", 0, 0, "setup failed (memory)");
+  int orc = rig_open(&r, piece, max_n);
+  if (orc) {
+    char note[64];
+    snprintf(note, sizeof note, "setup failed: %s", kvt_strerror(orc));
+    emit(o, "scatter", "-", piece, 0, "-", 0, 0, note);
     rig_close(&r);
     return;
   }
+  if (!r.pinned) b->unpinned = 1;
   for (int p = KVT__CUDA_PATH_MEMCPY; p <= KVT__CUDA_PATH_KERNEL; p++) {
     if (kvt__cuda_set_path(r.ctx, p)) {
       emit(o, "scatter", "both", piece, 0, path_name(p), 0, 0, "path not available");
@@ -358,9 +368,13 @@ static void sweep_piece(out *o, const ceilings *c, int si, size_t piece, int qui
       for (int d = 0; d < 2; d++) {
         double g = rig_run(&r, d == 0 ? 1 : 2, n, reps);
         double ceil_ = d == 0 ? c->d2h : c->h2d;
-        emit(o, "scatter", d == 0 ? "store" : "load", piece, n, path_name(p), g, ceil_,
-             g < 0 ? "transfer failed" : "");
+        int used = r.last_path[d];
+        char note[64] = "";
+        if (g < 0) snprintf(note, sizeof note, "transfer failed");
+        else if (used != p) snprintf(note, sizeof note, "asked %s; backend took %s", path_name(p), path_name(used));
+        emit(o, "scatter", d == 0 ? "store" : "load", piece, n, path_name(used), g, ceil_, note);
         if (n == max_n) {
+          b->fell_back[si][d][p] = g >= 0 && used != p;
           b->by_path[si][d][p] = g;
           if (g > b->gbps[si][d]) b->gbps[si][d] = g, b->path[si][d] = p;
         }
@@ -390,6 +404,12 @@ static void print_table(const ceilings *c, const best *b, const size_t *pieces) 
              b->gbps[si][d], path_name(b->path[si][d]), ratio, tgt,
              target > 0 ? (ratio >= target ? " ok" : " MISSED") : "");
     }
+  for (int si = 0; si < 3; si++)
+    for (int d = 0; d < 2; d++)
+      for (int p = 1; p < 4; p++)
+        if (b->fell_back[si][d][p])
+          printf("note: %zuKiB %s: the %s column is another path's figure (the backend fell back; see gpu.csv)\n",
+                 pieces[si] / KIB, d == 0 ? "store" : "load", path_name(p));
 }
 
 static int open_out(out *o, const char *dir) {
@@ -444,6 +464,8 @@ static int gpu_main(int argc, char **argv) {
   fclose(o.csv);
   fclose(o.json);
   print_table(&c, &b, pieces);
+  printf("host pool: %s\n", b.unpinned ? "NOT pinned (cudaHostRegister refused): copies were pageable, "
+                                          "no kernel path" : "pinned (cudaHostRegister, mapped)");
   printf("kernel path threshold in use: pieces < %u KiB (src/dev/cuda/cuda_tuning.h)\n",
          KVT_CUDA_KERNEL_MAX_PIECE_BYTES / 1024u);
   printf("full numbers: %s/gpu.csv, %s/gpu.json\n", dir, dir);
