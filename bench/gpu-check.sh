@@ -6,33 +6,67 @@
 #   3. run `kvtier-bench gpu --out OUT_DIR` (full numbers: gpu.csv, gpu.json),
 #   4. print a short table last.
 # OUT_DIR defaults to ./gpu-check-out. Exits non-zero on any failure.
+# bench/gpu-check.sh --fetch-deps: download the build dependencies as .debs into
+# <repo>/.gpu-deps (where apt works), to carry to a GPU machine without network.
 # Environment: KVT_GPU_CHECK_BUILD (build dir; default <repo>/build-gpu-check),
+#              KVT_GPU_CHECK_DEBS (carried .debs; default <repo>/.gpu-deps),
 #              KVT_GPU_CHECK_QUICK=1 (smaller bench sizes).
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+if [[ ${1:-} == --fetch-deps ]]; then
+  # Where apt works (this checkout's machine): download the build
+  # dependencies as .debs into .gpu-deps/ (ignored by git; name it in the
+  # device tool's `carry`). Debian/Ubuntu amd64 packages, ~1 MiB in all.
+  d=${KVT_GPU_CHECK_DEBS:-$repo/.gpu-deps}
+  mkdir -p "$d"
+  (cd "$d" && apt-get download liburing-dev liburing2 libxxhash-dev libxxhash0 libcmocka-dev libcmocka0 \
+    libcjson-dev libcjson1 pkgconf pkgconf-bin libpkgconf3) || { echo "apt-get download failed" >&2; exit 1; }
+  grep -qx '/.gpu-deps/' "$repo/.git/info/exclude" 2>/dev/null || echo '/.gpu-deps/' >>"$repo/.git/info/exclude"
+  ls -l "$d"
+  exit 0
+fi
 out=${1:-./gpu-check-out}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 build=${KVT_GPU_CHECK_BUILD:-$repo/build-gpu-check}
+debs=${KVT_GPU_CHECK_DEBS:-$repo/.gpu-deps}
 jobs=$(nproc 2>/dev/null || echo 4)
+t_start=$SECONDS
 log() { printf '== %s\n' "$*" >&2; }
 fail() { printf 'gpu-check: FAILED: %s\n' "$*" >&2; exit 1; }
 
-# Debian dependencies: install what is missing when we may.
-missing=()
-for pkg in liburing-dev libxxhash-dev libcmocka-dev libcjson-dev pkg-config cmake; do
-  dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
-done
-if ((${#missing[@]})); then
-  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
-    log "installing ${missing[*]}"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" \
-      || fail "apt-get install ${missing[*]}"
-  else
-    fail "missing packages: ${missing[*]} (run as root or install them)"
-  fi
+# Dependencies. The GPU machine may have no network and none of these
+# packages: then they come as .deb files carried in $debs (made where apt
+# works by `bench/gpu-check.sh --fetch-deps`), unpacked into the build dir,
+# never into /. A system that has them all uses its own.
+need_pc=(liburing libxxhash cmocka libcjson)
+pc_exe=$(command -v pkg-config || true)
+if [[ -n $pc_exe ]] && "$pc_exe" --exists "${need_pc[@]}" 2>/dev/null; then
+  log "dependencies: system (pkg-config finds ${need_pc[*]})"
+elif compgen -G "$debs/*.deb" >/dev/null; then
+  root=$build/deps-root
+  rm -rf "$root" && mkdir -p "$root"
+  for f in "$debs"/*.deb; do dpkg -x "$f" "$root" || fail "dpkg -x $f"; done
+  # The .pc files name /usr: point them at the unpacked tree.
+  for f in "$root"/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc "$root"/usr/share/pkgconfig/*.pc; do
+    [[ -f $f ]] && sed -i -e "s|=/usr|=$root/usr|g" -e "s|-I/usr|-I$root/usr|g" -e "s|-L/usr|-L$root/usr|g" "$f"
+  done
+  export PKG_CONFIG_PATH=$root/usr/lib/x86_64-linux-gnu/pkgconfig:$root/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+  export LD_LIBRARY_PATH=$root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  [[ -n $pc_exe ]] || pc_exe=$root/usr/bin/pkgconf
+  "$pc_exe" --exists "${need_pc[@]}" || fail "the carried packages in $debs lack one of ${need_pc[*]}"
+  log "dependencies: carried .debs from $debs (pkg-config: $pc_exe)"
+elif [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+  log "installing the build dependencies with apt-get"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+    liburing-dev libxxhash-dev libcmocka-dev libcjson-dev pkgconf \
+    || fail "apt-get install (no network? run bench/gpu-check.sh --fetch-deps where apt works, carry $debs)"
+  pc_exe=$(command -v pkg-config)
+else
+  fail "missing ${need_pc[*]} and no .debs in $debs (run bench/gpu-check.sh --fetch-deps where apt works)"
 fi
+command -v cmake >/dev/null || fail "no cmake"
 
 [[ -d /usr/local/cuda/bin ]] && export PATH=/usr/local/cuda/bin:$PATH
 command -v nvcc >/dev/null || fail "no nvcc: install the CUDA toolkit"
@@ -43,7 +77,7 @@ fi
 
 log "configure ($build)"
 cmake -S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=Release -DKVT_CUDA=ON \
-  -DKVT_BUILD_EXAMPLES=OFF >"$out/configure.log" 2>&1 || { cat "$out/configure.log" >&2; fail configure; }
+  -DKVT_BUILD_EXAMPLES=OFF -DPKG_CONFIG_EXECUTABLE="$pc_exe" >"$out/configure.log" 2>&1 || { cat "$out/configure.log" >&2; fail configure; }
 grep -q "kvtier: CUDA backend ON" "$out/configure.log" || fail "CMake did not find the CUDA toolkit"
 
 log "build"
@@ -53,7 +87,8 @@ cmake --build "$build" -j"$jobs" --target test_coalesce test_cuda_backend kvtier
 
 log "tests"
 set +e
-(cd "$build" && ctest -R 'coalesce|cuda' --output-on-failure) >"$out/tests.log" 2>&1
+# A hung copy (done() never called) must not eat the GPU session: 120 s a test.
+(cd "$build" && ctest -R 'coalesce|cuda' --timeout 120 --output-on-failure) >"$out/tests.log" 2>&1
 trc=$?
 set -e
 cat "$out/tests.log" >&2
@@ -63,9 +98,9 @@ grep -q "Skipped" "$out/tests.log" && fail "test_cuda_backend skipped: no usable
 log "bench"
 bench_args=(gpu --out "$out")
 [[ ${KVT_GPU_CHECK_QUICK:-0} == 1 ]] && bench_args+=(--quick)
-timeout 600 "$build/bench/kvtier-bench" "${bench_args[@]}" >"$out/bench.txt" 2>"$out/bench.err" \
+timeout 240 "$build/bench/kvtier-bench" "${bench_args[@]}" >"$out/bench.txt" 2>"$out/bench.err" \
   || { cat "$out/bench.err" >&2; fail "kvtier-bench gpu"; }
 
 echo
-echo "gpu-check: tests passed ($(grep -Eo '[0-9]+ tests failed out of [0-9]+' "$out/tests.log" | sed 's/^0 tests failed out of/all/') tests); full numbers in $out"
+echo "gpu-check: $((SECONDS - t_start)) s; tests passed ($(grep -Eo '[0-9]+ tests failed out of [0-9]+' "$out/tests.log" | sed 's/^0 tests failed out of/all/') tests); full numbers in $out"
 cat "$out/bench.txt"
