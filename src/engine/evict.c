@@ -145,6 +145,10 @@ uint32_t kvt__start_store(kvt_cache *c, const uint32_t *entries, uint32_t n, uin
   if (j == KVT__NONE) return KVT__NONE;
   kvt__job *jb = &c->jobs[j];
   for (uint32_t i = 0; i < n && jb->n_ops < c->cfg.max_job_blocks; i++) {
+    /* entries[] may name a block twice (kvt_store of a batch that shares a
+     * prefix): the first op already claimed its host copy, and a second
+     * would overwrite the entry's host slot and leak the first one. */
+    if (kvt__E(c, entries[i])->state[KVT__T_HOST] != KVT__ABSENT) continue;
     uint32_t s = kvt__slots_take(&c->slots[KVT__T_HOST]);
     if (s == KVT__NONE) break;
     kvt__job_add_copy(c, j, entries[i], KVT__T_DEV, KVT__T_HOST, s);
