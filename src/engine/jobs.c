@@ -384,6 +384,7 @@ static void dev_done(kvt_dev_xfer *x, int status) {
   uint32_t next = write_through(c, jb);
   if (next != KVT__NONE) {
     c->inflight++;
+    c->st.jobs_started++; /* like every other job: jobs_failed never exceeds it */
     c->submitting++;
   }
   finish_job(c, jb);
