@@ -72,10 +72,44 @@ static void write_through_spill_is_a_started_job(void **state) {
   unlink(disk_path);
 }
 
+/* Pin counts are 16 bits. A block shared by more concurrent requests than
+ * that (a system prompt, with max_requests above 65535) must not wrap its
+ * count to 0: that would put a block in use on the LRU, where eviction
+ * hands its slot to another request. The request past the limit
+ * recomputes instead. 65534 holders are simulated by pinning directly. */
+static void device_hit_pins_do_not_wrap(void **state) {
+  fixture f;
+  fixture_open(&f, 4, 0);
+  kvt_key k[1];
+  uint32_t t[BT];
+  fixture_keys(&f, 3, 1, k, t);
+  run_request(&f, k, t, 1, 3);
+  kvt_cache *c = f.c;
+  uint32_t e = kvt__index_find(&c->map, &k[0]);
+  assert_int_not_equal(e, KVT__NONE);
+  for (uint32_t i = 0; i < UINT16_MAX - 1; i++) kvt__index_pin(&c->map, e, KVT__T_DEV);
+  kvt_req r1, r2, r3;
+  uint32_t s1[1], s2[1], s3[3];
+  kvt_acquire_info info = {.size = sizeof info};
+  assert_int_equal(kvt_acquire(c, k, t, 1, 1, 0, 0, &r1, s1, &info), 0);
+  assert_int_equal(info.n_device_hits, 1); /* the 65535th holder */
+  assert_int_equal(kvt_acquire(c, k, t, 1, 1, 0, 0, &r2, s2, &info), 0);
+  assert_int_equal(info.n_device_hits, 0); /* one more would wrap: recompute */
+  assert_int_not_equal(s2[0], s1[0]);
+  /* 2 slots are free: 3 would take the shared block's, which is pinned. */
+  assert_int_equal(kvt_acquire(c, NULL, NULL, 0, 0, 3, 0, &r3, s3, NULL), KVT_ENOSPACE);
+  assert_int_equal(fixture_lookup(&f, k, 1).n_device, 1);
+  assert_int_equal(kvt_release(c, r2), 0);
+  assert_int_equal(kvt_release(c, r1), 0);
+  for (uint32_t i = 0; i < UINT16_MAX - 1; i++) kvt__index_unpin(&c->map, e, KVT__T_DEV);
+  fixture_close(&f);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(store_with_repeated_keys_copies_each_block_once),
       cmocka_unit_test(write_through_spill_is_a_started_job),
+      cmocka_unit_test(device_hit_pins_do_not_wrap),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -154,6 +154,10 @@ static void scan_prefix(kvt_cache *c, const kvt_key *keys, const uint32_t *token
     /* Disk blocks stage through host slots: restore no more of them than
      * the host tier holds (the rest of the prefix is recomputed). */
     if (t == KVT__T_DISK && sr->per_tier[KVT__T_DISK] >= c->cap[KVT__T_HOST]) break;
+    /* Pin counts are 16 bits: a block already shared by that many
+     * requests is recomputed rather than let its count wrap to 0 (which
+     * would put a block in use on the LRU, free to be evicted). */
+    if (en->pins[t] == UINT16_MAX) break;
     if (!tokens_match(c, en, t, tokens ? tokens + i * c->bt : NULL)) {
       c->st.verify_mismatches++;
       break;
