@@ -332,13 +332,18 @@ KVT_API int kvt_request_extend(kvt_cache *c, kvt_req req, const kvt_key *keys, c
 /* The engine has written valid KV for keyed blocks [0, n_valid) of the
  * request (restored plus computed); blocks it computed become cached on the
  * device. `stream` (CUDA: the compute stream that wrote them, else NULL)
- * orders later copies of these blocks after that work. With write-through
+ * orders later copies of these blocks after that work; NULL means "nothing
+ * to wait for", so an engine computing on the legacy default stream passes
+ * cudaStreamLegacy ((void *)1), not NULL. With write-through
  * a store to host starts at once. */
 KVT_API int kvt_commit(kvt_cache *c, kvt_req req, size_t n_valid, void *stream);
 
 /* Ends a request: unpins its blocks (they stay cached on the device, on the
  * LRU) and frees its uncommitted slots. Waits for loads still in flight
- * (may block). A second release returns KVT_ENOJOB. */
+ * (may block). A second release returns KVT_ENOJOB. With CUDA, freed slots
+ * may be reloaded at once on kvtier's load stream, which is not ordered
+ * after the engine's kernels: release only once the kernels that read the
+ * request's slots have completed (e.g. after the step's synchronisation). */
 KVT_API int kvt_release(kvt_cache *c, kvt_req req);
 
 /* ------------------------------------------------------------------ */
