@@ -105,11 +105,59 @@ static void device_hit_pins_do_not_wrap(void **state) {
   fixture_close(&f);
 }
 
+/* kvt_prefetch is a hint. With every job slot held (finished store jobs
+ * the engine has not released yet) it cannot start a fetch: it must say
+ * "ask again" and leave the host tier alone, not drop a host-only block
+ * to make room for a fetch it then cannot start, and answer "nothing to do". */
+static void prefetch_without_a_job_slot_drops_nothing(void **state) {
+  kvt_config cfg = disk_config(4, 16);
+  cfg.max_jobs = 2;
+  fixture f;
+  fixture_open_cfg(&f, &cfg, 8);
+  kvt_key k[4][2];
+  uint32_t t[4][2 * BT];
+  for (uint32_t c = 0; c < 2; c++) { /* conv 0 then 1 fill the host tier */
+    fixture_keys(&f, c, 2, k[c], t[c]);
+    run_request(&f, k[c], t[c], 2, c);
+    fixture_offload(&f, k[c], 2);
+  }
+  kvt_job held[2];
+  for (uint32_t c = 2; c < 4; c++) { /* each store spills one of conv 0's blocks */
+    fixture_keys(&f, c, 1, k[c], t[c]);
+    run_request(&f, k[c], t[c], 1, c);
+    assert_int_equal(kvt_store(f.c, k[c], 1, 0, &held[c - 2]), 1);
+    assert_int_equal(kvt_job_wait(f.c, held[c - 2], -1), 0);
+  }
+  kvt_drain(f.c);
+  assert_int_equal(fixture_lookup(&f, k[0], 2).n_disk, 2);
+  assert_int_equal(fixture_lookup(&f, k[1], 2).n_host, 2);
+  kvt_stats before = fixture_stats(&f);
+  assert_int_equal(before.resident_host, 4);
+  kvt_job j;
+  assert_int_equal(kvt_prefetch(f.c, k[0], 2, &j), KVT_EAGAIN);
+  kvt_stats after = fixture_stats(&f);
+  assert_int_equal(after.evictions_host, before.evictions_host);
+  assert_int_equal(after.resident_host, 4);
+  assert_int_equal(fixture_lookup(&f, k[1], 2).n_host, 2);
+  /* Once a job slot is free the hint works. */
+  assert_int_equal(kvt_job_release(f.c, held[0]), 0);
+  assert_int_equal(kvt_job_release(f.c, held[1]), 0);
+  int rc = kvt_prefetch(f.c, k[0], 2, &j);
+  assert_true(rc == 1 || rc == KVT_EAGAIN);
+  if (rc == 1) {
+    assert_int_equal(kvt_job_wait(f.c, j, -1), 0);
+    assert_int_equal(kvt_job_release(f.c, j), 0);
+  }
+  fixture_close(&f);
+  unlink(disk_path);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(store_with_repeated_keys_copies_each_block_once),
       cmocka_unit_test(write_through_spill_is_a_started_job),
       cmocka_unit_test(device_hit_pins_do_not_wrap),
+      cmocka_unit_test(prefetch_without_a_job_slot_drops_nothing),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -65,10 +65,19 @@ int kvt_prefetch(kvt_cache *c, const kvt_key *keys, size_t n, kvt_job *job) {
     kvt__entry *en = kvt__E(c, e);
     if (en->state[KVT__T_DEV] == KVT__VALID || en->state[KVT__T_HOST] != KVT__ABSENT) continue;
     if (en->state[KVT__T_DISK] != KVT__VALID) break;
+    /* A job slot must exist before room is made: room for a fetch that
+     * cannot start would evict (with no job slot for spills: drop) host
+     * blocks for nothing. It is taken only after, so that make_room may
+     * still use the last one for a spill (and then say EAGAIN). */
+    if (j == KVT__NONE ? c->n_job_free == 0 : c->jobs[j].n_ops == c->cfg.max_job_blocks) {
+      if (j == KVT__NONE) rc = KVT_EAGAIN; /* every job slot busy: ask again */
+      break;
+    }
     if ((rc = kvt__make_room(c, KVT__T_HOST, 1, 0)) != 0) break; /* a hint: never wait */
-    if (j == KVT__NONE && (j = kvt__job_new(c, KVT__JOB_FETCH, KVT__JF_USER)) == KVT__NONE) break;
-    kvt__job *jb = &c->jobs[j];
-    if (jb->n_ops == c->cfg.max_job_blocks) break;
+    if (j == KVT__NONE && (j = kvt__job_new(c, KVT__JOB_FETCH, KVT__JF_USER)) == KVT__NONE) {
+      rc = KVT_EAGAIN;
+      break;
+    }
     kvt__job_add_copy(c, j, e, KVT__T_DISK, KVT__T_HOST, kvt__slots_take(&c->slots[KVT__T_HOST]));
   }
   if (j != KVT__NONE && c->jobs[j].n_ops == 0) {
