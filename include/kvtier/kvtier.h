@@ -368,7 +368,8 @@ KVT_API int kvt_store(kvt_cache *c, const kvt_key *keys, size_t n, uint32_t flag
 /* Promotes the disk-resident blocks of keys' cached prefix to the host tier
  * ahead of the request's turn (the scheduler's hint). Never waits: when the
  * host must first spill to make room, the spills are started and
- * KVT_EAGAIN is returned (ask again). 0 nothing to do, 1 with *job. */
+ * KVT_EAGAIN is returned (ask again); KVT_EAGAIN too when every job slot is
+ * busy (nothing is dropped then). 0 nothing to do, 1 with *job. */
 KVT_API int kvt_prefetch(kvt_cache *c, const kvt_key *keys, size_t n, kvt_job *job);
 
 /* 0 done ok, 1 in progress, or the job's error. */
