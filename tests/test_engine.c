@@ -247,6 +247,54 @@ static void decode_blocks_extend_the_request(void **state) {
   fixture_close(&f);
 }
 
+/* A full cascade frees room in batches: one round of spills, then one of
+ * stores, per tier — not a round trip per block. Metadata only, so every
+ * copy completes at once and the count is exact. */
+static void full_cascade_runs_in_batches(void **state) {
+  kvt_config cfg = fixture_config(4);
+  cfg.disk_blocks = 64; /* a metadata-only disk tier: no file */
+  kvt_cache *c;
+  assert_int_equal(kvt_open(&cfg, &c), 0);
+  kvt_layout lay;
+  kvt_layout_init(&lay);
+  lay.num_layers = 1;
+  lay.num_slots = 8;
+  lay.flags = KVT_LAYOUT_METADATA_ONLY;
+  assert_int_equal(kvt_register_layout(c, &lay), 0);
+  uint64_t ids[3][8];
+  kvt_key k[3][8];
+  for (int r = 0; r < 3; r++) {
+    for (int i = 0; i < 8; i++) ids[r][i] = (uint64_t)(r * 100 + i);
+    assert_int_equal(kvt_keys_from_opaque(c, ids[r], sizeof ids[r][0], 8, k[r]), 0);
+  }
+  kvt_req req;
+  uint32_t slots[8];
+  kvt_job job;
+  assert_int_equal(kvt_acquire(c, k[0], NULL, 4, 4, 0, 0, &req, slots, NULL), 0);
+  assert_int_equal(kvt_commit(c, req, 4, NULL), 0);
+  assert_int_equal(kvt_release(c, req), 0);
+  assert_int_equal(kvt_store(c, k[0], 4, KVT_STORE_EVICT, &job), 1); /* host full of A */
+  assert_int_equal(kvt_job_wait(c, job, -1), 0);
+  kvt_job_release(c, job);
+  assert_int_equal(kvt_acquire(c, k[1], NULL, 8, 8, 0, 0, &req, slots, NULL), 0); /* device full of B */
+  assert_int_equal(kvt_commit(c, req, 8, NULL), 0);
+  assert_int_equal(kvt_release(c, req), 0);
+  kvt_stats st = {.size = sizeof st};
+  kvt_get_stats(c, &st);
+  uint64_t before = st.jobs_started;
+  assert_int_equal(kvt_acquire(c, k[2], NULL, 8, 8, 0, 0, &req, slots, NULL), 0);
+  assert_int_equal(kvt_release(c, req), 0);
+  kvt_get_stats(c, &st);
+  /* A spills (1 job), half of B is stored (1), B's half spills (1), the other half is stored (1). */
+  assert_int_equal(st.jobs_started - before, 4);
+  assert_int_equal(st.evictions_device, 8 + 4);
+  kvt_lookup_result lr = {.size = sizeof lr};
+  assert_int_equal(kvt_lookup(c, k[1], 8, &lr, NULL), 0);
+  assert_int_equal(lr.n_host + lr.n_disk, 8);
+  assert_int_equal(kvt__check_invariants(c, NULL, 0), 0);
+  kvt_close(c);
+}
+
 static int slow_d2h(void *ctx, int site, int64_t arg) {
   return site == KVT_FAULT_DEV_DELAY_US && arg == KVT_XFER_D2H ? 50000 : 0;
 }
@@ -421,6 +469,7 @@ int main(void) {
       cmocka_unit_test(refused_load_does_not_hang_layer_waits),
       cmocka_unit_test(cancelled_store_discards_its_copies),
       cmocka_unit_test(decode_blocks_extend_the_request),
+      cmocka_unit_test(full_cascade_runs_in_batches),
       cmocka_unit_test(write_through_copies_at_commit),
       cmocka_unit_test(bad_arguments_get_codes),
       cmocka_unit_test(no_device_fails_cleanly),

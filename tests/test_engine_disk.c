@@ -112,6 +112,37 @@ static void disk_prefix_longer_than_host_is_clipped(void **state) {
   fixture_close(&f);
 }
 
+/* A full cascade (device full of blocks with no host copy, host full of
+ * blocks with no disk copy) moves everything down and back exactly; a
+ * disk prefix the host cannot stage beside its own pinned blocks is
+ * restored as far as it can be (test_engine.c counts the batches). */
+static void full_cascade_and_back(void **state) {
+  fixture f;
+  if (open_disk_fixture(&f, 8, 4, 64, 1)) {
+    fixture_close(&f);
+    skip();
+  }
+  kvt_key a[4], b[8], d[8];
+  uint32_t ta[4 * BT], tb[8 * BT], td[8 * BT];
+  fixture_keys(&f, 30, 4, a, ta);
+  fixture_keys(&f, 31, 8, b, tb);
+  fixture_keys(&f, 32, 8, d, td);
+  run_request(&f, a, ta, 4, 30);
+  fixture_offload(&f, a, 4);     /* host: A, no disk copy */
+  run_request(&f, b, tb, 8, 31); /* device: B, no host copy */
+  run_request(&f, d, td, 8, 32); /* needs the whole device: B -> host -> disk, A -> disk */
+  kvt_drain(f.c);
+  assert_int_equal(fixture_lookup(&f, a, 4).n_disk, 4);
+  kvt_lookup_result lr = fixture_lookup(&f, b, 8);
+  assert_int_equal(lr.n_prefix, 8);
+  assert_int_equal(lr.n_host + lr.n_disk, 8);
+  /* B's host half is pinned by its own restore, so its disk half cannot
+   * be staged: the head comes back exact, the tail is recomputed. */
+  assert_int_equal(run_request(&f, b, tb, 8, 31), lr.n_host);
+  assert_int_equal(run_request(&f, a, ta, 4, 30), 4); /* four from disk, exact */
+  fixture_close(&f);
+}
+
 static void reopen_finds_completed_blocks(void **state) {
   fixture f;
   if (open_disk_fixture(&f, 8, 4, 32, 1)) {
@@ -275,6 +306,7 @@ static int setup_uring(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       BOTH(cascade_and_round_trip_via_disk),
+      BOTH(full_cascade_and_back),
       BOTH(reopen_finds_completed_blocks),
       BOTH(disk_prefix_longer_than_host_is_clipped),
       BOTH(corrupt_record_is_a_counted_miss),

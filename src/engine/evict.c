@@ -42,11 +42,14 @@ static void count_eviction(kvt_cache *c, int tier) {
 
 static int evict_some(kvt_cache *c, int tier, uint32_t want, int drop_only);
 
-/* A free slot in `tier` now, evicting without waiting; KVT__NONE if none. */
-static uint32_t take_slot_nowait(kvt_cache *c, int tier) {
+/* A free slot in `tier` now, evicting without waiting; KVT__NONE if none.
+ * `want` is how many the caller will need in all: the tier below starts
+ * freeing that many at once (less what it is already freeing), so a full
+ * cascade costs one round of copies per tier, not one per block. */
+static uint32_t take_slot_nowait(kvt_cache *c, int tier, uint32_t want) {
   uint32_t s = kvt__slots_take(&c->slots[tier]);
   if (s != KVT__NONE) return s;
-  evict_some(c, tier, 1, 0);
+  if (c->freeing[tier] < want) evict_some(c, tier, want - c->freeing[tier], 0);
   return kvt__slots_take(&c->slots[tier]);
 }
 
@@ -73,7 +76,7 @@ static int evict_some(kvt_cache *c, int tier, uint32_t want, int drop_only) {
       }
       kvt__job *jb = &c->jobs[job];
       if (jb->n_ops == c->cfg.max_job_blocks) break;
-      uint32_t s = take_slot_nowait(c, lower);
+      uint32_t s = take_slot_nowait(c, lower, want);
       if (s == KVT__NONE) break; /* the tier below is freeing; wait for it */
       kvt__job_add_copy(c, job, e, tier, lower, s);
       c->freeing[tier]++;

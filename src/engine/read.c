@@ -152,8 +152,9 @@ static void scan_prefix(kvt_cache *c, const kvt_key *keys, const uint32_t *token
     }
     if (t < 0) break;
     /* Disk blocks stage through host slots: restore no more of them than
-     * the host tier holds (the rest of the prefix is recomputed). */
-    if (t == KVT__T_DISK && sr->per_tier[KVT__T_DISK] >= c->cap[KVT__T_HOST]) break;
+     * the host tier can hold beside the host blocks this request pins (the
+     * rest of the prefix is recomputed). */
+    if (t == KVT__T_DISK && sr->per_tier[KVT__T_DISK] + sr->per_tier[KVT__T_HOST] >= c->cap[KVT__T_HOST]) break;
     /* Pin counts are 16 bits: a block already shared by that many
      * requests is recomputed rather than let its count wrap to 0 (which
      * would put a block in use on the LRU, free to be evicted). */
@@ -287,6 +288,14 @@ static int reserve(kvt_cache *c, const kvt_key *keys, const uint32_t *tokens, si
       return 0;
     }
     unreserve(c, refs, sr, job, n_stage);
+    if (rc == KVT_ENOSPACE && sr->per_tier[KVT__T_DISK]) {
+      /* The host cannot stage the disk blocks now (its slots are pinned):
+       * restore only the prefix before the first of them. */
+      uint32_t i = 0;
+      while (i < sr->n && refs[i].tier != KVT__T_DISK) i++;
+      restore = i;
+      continue;
+    }
     if (rc != 0) return rc;
   }
 }
