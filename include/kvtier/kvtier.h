@@ -414,7 +414,8 @@ typedef struct kvt_stats {
   uint32_t host_pool_pinned; /* 1 pinned by the device backend, 0 pageable (warning) */
   uint64_t lookups, lookup_blocks;  /* kvt_lookup and kvt_plan_request calls, keys asked */
   /* kvt_acquire: blocks restored by the tier they came from, and blocks not
-   * restored (absent, past the plan's k, or refused by verification). */
+   * restored (absent, past the plan's k, refused by verification, or whose
+   * load failed: a failed load moves its block from hits to misses). */
   uint64_t acquires, hits_device, hits_host, hits_disk, misses;
   uint64_t blocks_committed;        /* computed blocks that became cached */
   uint64_t blocks_d2h, blocks_h2d, blocks_h2disk, blocks_disk2h; /* copies that landed */

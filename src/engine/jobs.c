@@ -106,12 +106,16 @@ static kvt__ref *op_ref(kvt_cache *c, const kvt__job *jb, const kvt__op *op) {
   return &c->refs[c->reqs[jb->req].ref0 + op->ref];
 }
 
-/* The request gives up its claim on the entry; its slot becomes private. */
+/* The request gives up its claim on the entry; its slot becomes private
+ * and the block, counted as a hit at acquire, becomes a miss. */
 static void ref_go_private(kvt_cache *c, kvt__job *jb, kvt__op *op) {
   kvt__ref *r = op_ref(c, jb, op);
   if (r && r->entry == op->entry) {
     kvt__index_unpin(&c->map, op->entry, KVT__T_DEV);
     r->entry = KVT__NONE;
+    if (op->from_disk) c->st.hits_disk--;
+    else c->st.hits_host--;
+    c->st.misses++;
   }
 }
 
