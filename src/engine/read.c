@@ -129,6 +129,7 @@ static int tokens_match(kvt_cache *c, const kvt__entry *en, int tier, const uint
 typedef struct scan_result {
   uint32_t n, per_tier[KVT__NTIERS];
   int must_wait;
+  int mismatch; /* stopped at a block whose tokens or parent differ */
 } scan_result;
 
 /* Pins the restorable prefix in its fastest tier, noting entry and tier in
@@ -160,7 +161,7 @@ static void scan_prefix(kvt_cache *c, const kvt_key *keys, const uint32_t *token
      * would put a block in use on the LRU, free to be evicted). */
     if (en->pins[t] == UINT16_MAX) break;
     if (!tokens_match(c, en, t, tokens ? tokens + i * c->bt : NULL)) {
-      c->st.verify_mismatches++;
+      sr->mismatch = 1; /* counted once per acquire, however often it re-scans */
       break;
     }
     kvt__index_pin(&c->map, e, t);
@@ -285,6 +286,7 @@ static int reserve(kvt_cache *c, const kvt_key *keys, const uint32_t *tokens, si
     if (rc == 0 && c->n_req_free == 0) rc = KVT_ENOSPACE;
     if (rc == 0 && !prefix_moved(c, refs, sr->n)) {
       *job_out = job;
+      c->st.verify_mismatches += (uint64_t)sr->mismatch;
       return 0;
     }
     unreserve(c, refs, sr, job, n_stage);
@@ -296,7 +298,10 @@ static int reserve(kvt_cache *c, const kvt_key *keys, const uint32_t *tokens, si
       restore = i;
       continue;
     }
-    if (rc != 0) return rc;
+    if (rc != 0) {
+      c->st.verify_mismatches += (uint64_t)sr->mismatch;
+      return rc;
+    }
   }
 }
 
