@@ -101,13 +101,7 @@ static int parse(int argc, char **argv, replay_cli *o) {
     } else if (!strcmp(a, "--disk-path")) {
       o->ro.disk_path = v;
     } else if (!strcmp(a, "--restore")) {
-      if (!strcmp(v, "plan")) o->ro.restore = KVT_BENCH_RESTORE_PLAN;
-      else if (!strcmp(v, "all")) o->ro.restore = KVT_BENCH_RESTORE_ALL;
-      else if (!strcmp(v, "none")) o->ro.restore = KVT_BENCH_RESTORE_NONE;
-      else {
-        fprintf(stderr, "kvtier-bench replay: --restore '%s': expected plan, all or none\n", v);
-        return 2;
-      }
+      if (kvt_bench_restore_option("replay", v, 1, &o->ro.restore)) return 2;
     } else {
       fprintf(stderr, "kvtier-bench replay: unknown option '%s'\n", a);
       return 2;

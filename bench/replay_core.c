@@ -450,3 +450,14 @@ int kvt_bench_replay_run(const kvt_bench_trace *t, const kvt_bench_replay_opts *
   free(s.ttft_dev);
   return rc;
 }
+
+int kvt_bench_restore_option(const char *cmd, const char *v, int allow_none, kvt_bench_restore *out) {
+  if (!strcmp(v, "plan")) *out = KVT_BENCH_RESTORE_PLAN;
+  else if (!strcmp(v, "all")) *out = KVT_BENCH_RESTORE_ALL;
+  else if (allow_none && !strcmp(v, "none")) *out = KVT_BENCH_RESTORE_NONE;
+  else {
+    fprintf(stderr, "kvtier-bench %s: --restore '%s': expected %s\n", cmd, v, allow_none ? "plan, all or none" : "plan or all");
+    return -1;
+  }
+  return 0;
+}

@@ -55,6 +55,10 @@ typedef enum kvt_bench_restore {
   KVT_BENCH_RESTORE_NONE = 2  /* recompute everything (cached blocks unused) */
 } kvt_bench_restore;
 
+/* Parses a --restore value ("plan", "all", and "none" when allow_none) for
+ * subcommand cmd; prints the error and returns -1 on a bad value. */
+int kvt_bench_restore_option(const char *cmd, const char *v, int allow_none, kvt_bench_restore *out);
+
 typedef struct kvt_bench_replay_opts {
   uint64_t device_blocks, host_blocks, disk_blocks; /* 0 removes a tier (device: see above) */
   const char *model;        /* cost-model preset ("llama3-8b") */

@@ -94,12 +94,7 @@ static int parse(int argc, char **argv, sweep_cli *o) {
     } else if (!strcmp(a, "--svg")) {
       o->svg = v;
     } else if (!strcmp(a, "--restore")) {
-      if (!strcmp(v, "plan")) o->ro.restore = KVT_BENCH_RESTORE_PLAN;
-      else if (!strcmp(v, "all")) o->ro.restore = KVT_BENCH_RESTORE_ALL;
-      else {
-        fprintf(stderr, "kvtier-bench sweep: --restore '%s': expected plan or all\n", v);
-        return 2;
-      }
+      if (kvt_bench_restore_option("sweep", v, 0, &o->ro.restore)) return 2;
     } else {
       fprintf(stderr, "kvtier-bench sweep: unknown option '%s'\n", a);
       return 2;

@@ -25,11 +25,19 @@ static kvt_config disk_config(uint32_t host, uint64_t disk, int reset) {
   return cfg;
 }
 
-static int open_disk_fixture(fixture *f, uint32_t slots, uint32_t host, uint64_t disk, int reset) {
+/* Opens the fixture on cfg; skips the test when io_uring is under test but
+ * the kernel refused it (the cache fell back to threads). */
+static void open_cfg_or_skip(fixture *f, const kvt_config *cfg, uint32_t slots) {
+  fixture_open_cfg(f, cfg, slots);
+  if (backend_under_test == KVT_DISK_URING && strcmp(kvt_disk_backend_name(f->c), "io_uring") != 0) {
+    fixture_close(f);
+    skip();
+  }
+}
+
+static void open_disk_fixture(fixture *f, uint32_t slots, uint32_t host, uint64_t disk, int reset) {
   kvt_config cfg = disk_config(host, disk, reset);
-  fixture_open_cfg(f, &cfg, slots);
-  if (backend_under_test == KVT_DISK_URING && strcmp(kvt_disk_backend_name(f->c), "io_uring") != 0) return -1;
-  return 0;
+  open_cfg_or_skip(f, &cfg, slots);
 }
 
 /* Three conversations through a host tier that holds one: A and B spill. */
@@ -44,10 +52,7 @@ static void fill_three(fixture *f, kvt_key k[3][4], uint32_t t[3][4 * BT]) {
 
 static void cascade_and_round_trip_via_disk(void **state) {
   fixture f;
-  if (open_disk_fixture(&f, 8, 4, 32, 1)) {
-    fixture_close(&f);
-    skip();
-  }
+  open_disk_fixture(&f, 8, 4, 32, 1);
   kvt_key k[3][4];
   uint32_t t[3][4 * BT];
   fill_three(&f, k, t);
@@ -86,10 +91,7 @@ static void cascade_and_round_trip_via_disk(void **state) {
  * and recomputes the rest, instead of failing. */
 static void disk_prefix_longer_than_host_is_clipped(void **state) {
   fixture f;
-  if (open_disk_fixture(&f, 16, 4, 32, 1)) {
-    fixture_close(&f);
-    skip();
-  }
+  open_disk_fixture(&f, 16, 4, 32, 1);
   kvt_key k[2][8];
   uint32_t t[2][8 * BT];
   for (uint32_t c = 0; c < 2; c++) {
@@ -118,10 +120,7 @@ static void disk_prefix_longer_than_host_is_clipped(void **state) {
  * restored as far as it can be (test_engine.c counts the batches). */
 static void full_cascade_and_back(void **state) {
   fixture f;
-  if (open_disk_fixture(&f, 8, 4, 64, 1)) {
-    fixture_close(&f);
-    skip();
-  }
+  open_disk_fixture(&f, 8, 4, 64, 1);
   kvt_key a[4], b[8], d[8];
   uint32_t ta[4 * BT], tb[8 * BT], td[8 * BT];
   fixture_keys(&f, 30, 4, a, ta);
@@ -145,15 +144,12 @@ static void full_cascade_and_back(void **state) {
 
 static void reopen_finds_completed_blocks(void **state) {
   fixture f;
-  if (open_disk_fixture(&f, 8, 4, 32, 1)) {
-    fixture_close(&f);
-    skip();
-  }
+  open_disk_fixture(&f, 8, 4, 32, 1);
   kvt_key k[3][4];
   uint32_t t[3][4 * BT];
   fill_three(&f, k, t);
   fixture_close(&f); /* clean close: A and B are on disk, C was only in RAM */
-  assert_int_equal(open_disk_fixture(&f, 8, 4, 32, 0), 0);
+  open_disk_fixture(&f, 8, 4, 32, 0);
   kvt_stats st = fixture_stats(&f);
   assert_int_equal(st.disk_recovered, 8);
   assert_int_equal(fixture_lookup(&f, k[0], 4).n_disk, 4);
@@ -170,7 +166,7 @@ static void reopen_finds_completed_blocks(void **state) {
   assert_int_equal(fixture_stats(&g).disk_recovered, 0);
   assert_int_equal(fixture_lookup(&g, k[1], 4).n_prefix, 0);
   fixture_close(&g);
-  assert_int_equal(open_disk_fixture(&f, 8, 4, 32, 0), 0);
+  open_disk_fixture(&f, 8, 4, 32, 0);
   assert_int_equal(fixture_stats(&f).disk_recovered, 8);
   assert_int_equal(run_request(&f, k[0], t[0], 4, 0), 4);
   fixture_close(&f);
@@ -178,10 +174,7 @@ static void reopen_finds_completed_blocks(void **state) {
 
 static void corrupt_record_is_a_counted_miss(void **state) {
   fixture f;
-  if (open_disk_fixture(&f, 8, 4, 32, 1)) {
-    fixture_close(&f);
-    skip();
-  }
+  open_disk_fixture(&f, 8, 4, 32, 1);
   kvt_key k[3][4];
   uint32_t t[3][4 * BT];
   fill_three(&f, k, t);
@@ -225,10 +218,7 @@ static int fail_reads(void *ctx, int site, int64_t arg) {
 
 static void io_errors_fail_only_their_blocks(void **state) {
   fixture f;
-  if (open_disk_fixture(&f, 8, 4, 32, 1)) {
-    fixture_close(&f);
-    skip();
-  }
+  open_disk_fixture(&f, 8, 4, 32, 1);
   kvt_key k[3][4];
   uint32_t t[3][4 * BT];
   int left = 2; /* a full disk for A's first two spills */
@@ -268,11 +258,7 @@ static void write_through_reaches_disk(void **state) {
   kvt_config cfg = disk_config(8, 32, 1);
   cfg.write_policy = KVT_WRITE_THROUGH;
   fixture f;
-  fixture_open_cfg(&f, &cfg, 8);
-  if (backend_under_test == KVT_DISK_URING && strcmp(kvt_disk_backend_name(f.c), "io_uring") != 0) {
-    fixture_close(&f);
-    skip();
-  }
+  open_cfg_or_skip(&f, &cfg, 8);
   kvt_key k[4];
   uint32_t t[4 * BT];
   fixture_keys(&f, 11, 4, k, t);
