@@ -7,7 +7,14 @@
 include(CheckLanguage)
 check_language(CUDA)
 if(NOT CMAKE_CUDA_COMPILER)
-  message(WARNING "kvtier: CUDA toolkit found but no nvcc: CUDA backend without the copy kernel")
+  find_program(KVT_NVCC nvcc HINTS ${CUDAToolkit_BIN_DIR})
+  if(KVT_NVCC)
+    # nvcc runs the host C++ compiler even for .cu files without C++ code.
+    message(WARNING "kvtier: ${KVT_NVCC} cannot compile a test program (is g++ installed? "
+      "nvcc needs the host C++ compiler): CUDA backend without its copy kernel")
+  else()
+    message(WARNING "kvtier: CUDA runtime found but no nvcc: CUDA backend without its copy kernel")
+  endif()
   return()
 endif()
 enable_language(CUDA)

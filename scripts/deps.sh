@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Installs the Debian packages kvtier needs when they are missing.
 # Usage: scripts/deps.sh [--test]   (--test adds clang for the fuzzers)
+# With a CUDA toolkit (nvcc on PATH or in /usr/local/cuda/bin) it adds g++:
+# nvcc compiles through the host C++ compiler. KVT_CUDA=0 leaves CUDA out.
 set -euo pipefail
+source "$(dirname "$0")/common.sh"
 pkgs=(liburing-dev libxxhash-dev libcmocka-dev libcjson-dev pkg-config cmake make gcc)
 if [[ "${1:-}" == "--test" ]]; then pkgs+=(clang libclang-rt-14-dev); fi
+if kvt_cuda_wanted && [[ -n "$(kvt_nvcc)" ]]; then pkgs+=(g++); fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -21,5 +25,11 @@ else
   exit 1
 fi
 export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -qq
-$sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+log=$(mktemp)
+if ! { $sudo apt-get update -qq && $sudo apt-get install -y -qq "${missing[@]}"; } >"$log" 2>&1; then
+  cat "$log" >&2
+  rm -f "$log"
+  echo "kvtier: apt-get could not install: ${missing[*]} (its output is above)" >&2
+  exit 1
+fi
+rm -f "$log"

@@ -6,14 +6,20 @@
 #   3. every test under TSan (the concurrency stress with fewer iterations);
 #   4. the libFuzzer targets, briefly, when clang is available;
 #   5. a smoke run of the main job and the bench subcommands.
+# KVT_CUDA=0 builds without the CUDA backend; KVT_FUZZ_SECONDS (15) bounds
+# each fuzz target.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/common.sh
 bash scripts/deps.sh --test
 jobs=$(nproc)
 step() { printf '\n==== %s ====\n' "$*"; }
 
 step "build (-Werror) and test"
-cmake -S . -B build/ci -DKVT_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+# shellcheck disable=SC2046
+kvt_step build/ci/configure.log "configure (cmake)" \
+  cmake -S . -B build/ci -DKVT_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo $(kvt_cuda_cmake_args)
+grep "kvtier:" build/ci/configure.log | sed 's/^[- ]*/  /' || true
 cmake --build build/ci -j"$jobs"
 ctest --test-dir build/ci --output-on-failure -j"$jobs"
 
@@ -28,14 +34,16 @@ cc tests/consumer/consumer.c -o build/consumer/consumer-pc $(PKG_CONFIG_PATH="$p
 LD_LIBRARY_PATH="$PWD/build/ci-install/lib" build/consumer/consumer-pc
 
 step "ASan+UBSan: every test"
-cmake -S . -B build/asan -DKVT_WERROR=ON -DKVT_ASAN=ON -DKVT_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug >/dev/null
+kvt_step build/asan/configure.log "configure (cmake, ASan)" \
+  cmake -S . -B build/asan -DKVT_WERROR=ON -DKVT_ASAN=ON -DKVT_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug
 cmake --build build/asan -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build/asan --output-on-failure -j"$jobs"
 
 step "TSan: every test (stress at a quarter of its iterations)"
-cmake -S . -B build/tsan -DKVT_WERROR=ON -DKVT_TSAN=ON -DKVT_CUDA=OFF -DKVT_BUILD_EXAMPLES=OFF \
-  -DKVT_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+kvt_step build/tsan/configure.log "configure (cmake, TSan)" \
+  cmake -S . -B build/tsan -DKVT_WERROR=ON -DKVT_TSAN=ON -DKVT_CUDA=OFF -DKVT_BUILD_EXAMPLES=OFF \
+  -DKVT_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
 cmake --build build/tsan -j"$jobs"
 KVT_STRESS_SCALE=0.25 TSAN_OPTIONS=halt_on_error=1 \
   ctest --test-dir build/tsan --output-on-failure -j"$jobs"
@@ -46,10 +54,13 @@ if [[ -f fuzz/CMakeLists.txt ]] && command -v clang >/dev/null 2>&1; then
 fi
 
 step "smoke: main job and bench"
-build/ci/bench/kvtier-bench --help >/dev/null 2>&1 && {
-  build/ci/bench/kvtier-bench replay --json >/dev/null
-  build/ci/bench/kvtier-bench cost --model llama3-70b --tokens 10000 --json >/dev/null
-}
+bench=build/ci/bench/kvtier-bench
+$bench --help >/dev/null
+$bench replay >/dev/null
+$bench replay --trace data/mooncake_synthetic_trace.jsonl --json >/dev/null
+$bench sweep --workload multiround --json >/dev/null
+$bench cost --model llama3-70b --tokens 10000 --json >/dev/null
 build/ci/examples/serving_loop --quiet
+
 echo
 echo "kvtier: all tests passed"
