@@ -16,10 +16,16 @@ void kvt_test_skip(const char *fmt, ...) {
   exit(KVT_TEST_SKIP);
 }
 
+#ifndef KVT_TEST_DATA_DIR
+#define KVT_TEST_DATA_DIR "data"
+#endif
+
+/* The shipped data (data/ in the source tree); KVT_TRACES_DIR overrides it,
+ * e.g. to run a test binary against other traces. */
 const char *kvt_test_trace(const char *name) {
   static char path[4096];
   const char *dir = getenv("KVT_TRACES_DIR");
-  if (!dir) dir = "../shared/traces";
+  if (!dir || !*dir) dir = KVT_TEST_DATA_DIR;
   snprintf(path, sizeof path, "%s/%s", dir, name);
   return access(path, R_OK) == 0 ? path : NULL;
 }
