@@ -31,7 +31,7 @@ typedef struct kvt_bench_rows kvt_bench_rows;
 
 /* One measured figure next to the limit it is bounded by, as measured in
  * the same run. ratio = value / limit (for "higher is better" units).
- * `target` is the ratio the issue asks for (0 = none); `note` says why a
+ * `target` is the ratio kvtier aims for (0 = none); `note` says why a
  * missed target was missed, or how the limit was measured. */
 void kvt_bench_row(kvt_bench_rows *rows, const char *name, const char *unit, double value,
                    double limit, double target, const char *note);

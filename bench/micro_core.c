@@ -131,7 +131,7 @@ static int map_measure(map_bench *m, const kvt_bench_micro_opts *o, kvt_bench_ro
   } while (rc == 0 && (t = now_s() - t0) < budget);
   if (rc) return rc;
   kvt_bench_row(rows, "kvt_lookup, 1M resident, batches of 256", "Mops/s", (double)ops / t / 1e6, 10.0, 1.0,
-                "blocks found per second, one thread; limit: the issue's 10M ops/s per core");
+                "blocks found per second, one thread; limit: a goal of 10M per core");
   ops = 0;
   t0 = now_s();
   do { /* acquire (lookup + pin) and release (unpin + touch) of device hits */

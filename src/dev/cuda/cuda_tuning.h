@@ -12,7 +12,7 @@
  * memory instead of the copy engines.
  *
  * Reasoning: a copy-engine copy costs ~1-2 us of setup even when batched
- * (the issue's "a few microseconds per call"); at ~55 GB/s (PCIe 5 x16,
+ * ("a few microseconds per call"); at ~55 GB/s (PCIe 5 x16,
  * H100/H200) a 32 KiB piece is 0.6 us on the wire, so the copy engines
  * reach well under half of the link there, while a zero-copy kernel pays
  * one launch per transfer (per layer for loads) and then streams at close
