@@ -5,6 +5,8 @@
 #define KVT_BENCH_H
 #include <stdio.h>
 
+#include "kvtier/kvtier.h"
+
 typedef int (*kvt_bench_fn)(int argc, char **argv);
 
 void kvt_bench_register(const char *name, const char *summary, kvt_bench_fn fn);
@@ -17,6 +19,17 @@ void kvt_bench_register(const char *name, const char *summary, kvt_bench_fn fn);
 /* Progress bar on stderr when it is a terminal; silent otherwise. */
 void kvt_bench_progress(const char *label, double fraction);
 void kvt_bench_progress_done(void);
+
+/* ---- hardware flags shared by cost, replay and sweep (hwflags.c) ---- */
+extern const char kvt_bench_hw_usage[];
+/* 1: opt is a flag without a value (--overlap, --no-overlap); 2: a flag that
+ * takes a value; 0: not a hardware flag. */
+int kvt_bench_hw_flag(const char *opt);
+/* Applies opt (and its value v) to hw; prints the error for command cmd and
+ * returns -1 on a bad value. */
+int kvt_bench_hw_option(const char *cmd, const char *opt, const char *v, kvt_hw_desc *hw);
+void kvt_bench_hw_print(FILE *f, const char *indent, const kvt_hw_desc *hw);
+void kvt_bench_hw_json(FILE *f, const kvt_hw_desc *hw); /* "hardware":{...} */
 
 #endif
 

@@ -32,25 +32,20 @@ static const cost_link table_links[] = {
 typedef struct cost_opts {
   const char *model;
   uint64_t tokens, cached;
-  int have_tokens, have_cached, have_link, json, overlap;
+  int have_tokens, have_cached, have_link, json;
   kvt_hw_desc hw;
 } cost_opts;
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: kvtier-bench cost --model NAME [--tokens N [--cached K]] [--link-gbs B]\n"
-          "                         [--link-latency-us L] [--gpus G] [--gpu-tflops F] [--mfu M]\n"
-          "                         [--overlap] [--json]\n\n"
-          "  --model NAME         a preset; 'list' prints them\n"
-          "  --tokens N           one request of N tokens (else: a table over 1k..128k tokens)\n"
-          "  --cached K           of which the first K are cached on the host tier (N)\n"
-          "  --link-gbs B         link bandwidth in GB/s (24; in the table: an extra column)\n"
-          "  --link-latency-us L  fixed latency per transfer (10)\n"
-          "  --gpus G             GPUs sharing the prefill (1)\n"
-          "  --gpu-tflops F       peak TFLOP/s per GPU (989, H100 dense BF16)\n"
-          "  --mfu M              achieved fraction of peak, 0 < M <= 1 (0.5)\n"
-          "  --overlap            model layer-wise loads under compute (default: copy, then compute)\n"
-          "  --json               one JSON object\n");
+          "usage: kvtier-bench cost --model NAME [--tokens N [--cached K]] [hardware] [--json]\n\n"
+          "  --model NAME          a preset; 'list' prints them\n"
+          "  --tokens N            one request of N tokens (else: a table over 1k..128k tokens)\n"
+          "  --cached K            of which the first K are cached on the host tier (N)\n"
+          "  --json                one JSON object\n\n"
+          "%s"
+          "cost copies, then computes, unless --overlap; --link-gbs adds a table column.\n",
+          kvt_bench_hw_usage);
 }
 
 static int bad_arg(const char *opt, const char *val, const char *why) {
@@ -71,16 +66,6 @@ static int parse_u64(const char *s, uint64_t *out) {
   return 0;
 }
 
-static int parse_double(const char *s, double *out) {
-  char *end;
-  if (!s || !*s) return -EINVAL;
-  errno = 0;
-  double v = strtod(s, &end);
-  if (errno || end == s || *end || !isfinite(v)) return -EINVAL;
-  *out = v;
-  return 0;
-}
-
 static int parse_args(int argc, char **argv, cost_opts *o) {
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *eq = strchr(a, '=');
@@ -94,10 +79,12 @@ static int parse_args(int argc, char **argv, cost_opts *o) {
       return 1;
     }
     if (!strcmp(opt, "--json")) { o->json = 1; continue; }
-    if (!strcmp(opt, "--overlap")) { o->overlap = 1; continue; }
+    if (kvt_bench_hw_flag(opt) == 1) {
+      kvt_bench_hw_option("cost", opt, NULL, &o->hw);
+      continue;
+    }
     const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
     if (!v) return bad_arg(opt, NULL, "needs a value");
-    double d = 0;
     uint64_t u = 0;
     if (!strcmp(opt, "--model")) {
       o->model = v;
@@ -110,22 +97,9 @@ static int parse_args(int argc, char **argv, cost_opts *o) {
       if (parse_u64(v, &u)) return bad_arg(opt, v, "expected a token count");
       o->cached = u;
       o->have_cached = 1;
-    } else if (!strcmp(opt, "--link-gbs")) {
-      if (parse_double(v, &d) || d <= 0) return bad_arg(opt, v, "expected GB/s > 0");
-      o->hw.device_host.bytes_per_s = d * 1e9;
-      o->have_link = 1;
-    } else if (!strcmp(opt, "--link-latency-us")) {
-      if (parse_double(v, &d) || d < 0) return bad_arg(opt, v, "expected microseconds >= 0");
-      o->hw.device_host.latency_s = d * 1e-6;
-    } else if (!strcmp(opt, "--gpus")) {
-      if (parse_u64(v, &u) || u == 0 || u > 65536) return bad_arg(opt, v, "expected 1..65536");
-      o->hw.num_gpus = (uint32_t)u;
-    } else if (!strcmp(opt, "--gpu-tflops")) {
-      if (parse_double(v, &d) || d <= 0) return bad_arg(opt, v, "expected TFLOP/s > 0");
-      o->hw.flops_per_gpu = d * 1e12;
-    } else if (!strcmp(opt, "--mfu")) {
-      if (parse_double(v, &d) || d <= 0 || d > 1) return bad_arg(opt, v, "expected 0 < mfu <= 1");
-      o->hw.mfu = d;
+    } else if (kvt_bench_hw_flag(opt) == 2) {
+      if (kvt_bench_hw_option("cost", opt, v, &o->hw)) return 2;
+      if (!strcmp(opt, "--link-gbs")) o->have_link = 1;
     } else {
       return bad_arg("option", a, "unknown (see kvtier-bench cost --help)");
     }
@@ -133,7 +107,6 @@ static int parse_args(int argc, char **argv, cost_opts *o) {
   if (o->have_cached && !o->have_tokens) return bad_arg("--cached", NULL, "needs --tokens");
   if (o->have_cached && o->cached > o->tokens) return bad_arg("--cached", NULL, "exceeds --tokens");
   if (!o->have_cached) o->cached = o->tokens;
-  o->hw.overlap = o->overlap;
   return 0;
 }
 
@@ -324,6 +297,7 @@ static int cost_main(int argc, char **argv) {
   cost_opts o;
   memset(&o, 0, sizeof o);
   kvt_hw_init(&o.hw);
+  o.hw.overlap = 0; /* cost's figures copy, then compute, unless --overlap */
   int rc = parse_args(argc, argv, &o);
   if (rc) return rc == 1 ? 0 : rc;
   if (!o.model) {

@@ -44,8 +44,8 @@ static void usage(FILE *f) {
           "                        cached prefix, or nothing\n"
           "  --whole-ids           count a trace's partial last id as a block (as the trace's\n"
           "                        published LRU figures do); default: full blocks only\n"
-          "  --json                one JSON object\n",
-          kvt_bench_source_usage);
+          "  --json                one JSON object\n\n%s",
+          kvt_bench_source_usage, kvt_bench_hw_usage);
 }
 
 static int parse_count(const char *opt, const char *v, uint64_t *out) {
@@ -74,6 +74,8 @@ static int parse(int argc, char **argv, replay_cli *o) {
       o->json = 1;
     } else if (!strcmp(a, "--whole-ids")) {
       o->ro.whole_ids = 1;
+    } else if (kvt_bench_hw_flag(a)) {
+      if (kvt_bench_hw_option("replay", a, kvt_bench_hw_flag(a) == 2 ? (i++, v) : NULL, &o->ro.hw)) return 2;
     } else if (!v) {
       fprintf(stderr, "kvtier-bench replay: unknown option or missing value '%s'\n", a);
       return 2;
@@ -122,7 +124,8 @@ static void print_json(const kvt_bench_trace *t, const replay_cli *o, const kvt_
          t->source, o->ro.model, t->block_tokens, o->ro.payload_real ? "real" : "none", r->payload_scale,
          o->ro.restore == KVT_BENCH_RESTORE_PLAN ? "plan" : o->ro.restore == KVT_BENCH_RESTORE_ALL ? "all" : "none",
          o->ro.whole_ids);
-  printf("\"device_blocks\":%llu,\"device_slots\":%llu,\"host_blocks\":%llu,\"disk_blocks\":%llu,",
+  kvt_bench_hw_json(stdout, &o->ro.hw);
+  printf(",\"device_blocks\":%llu,\"device_slots\":%llu,\"host_blocks\":%llu,\"disk_blocks\":%llu,",
          (unsigned long long)o->ro.device_blocks, (unsigned long long)r->device_slots,
          (unsigned long long)o->ro.host_blocks, (unsigned long long)o->ro.disk_blocks);
   printf("\"requests\":%llu,\"blocks_total\":%llu,\"blocks_hit\":%llu,\"block_hit_ratio\":%.6f,"
@@ -184,6 +187,19 @@ static void print_path(const char *name, uint64_t blocks, uint64_t model_bytes, 
   printf("\n");
 }
 
+/* One line per percentile: kvtier against both baselines, and how many
+ * times faster than the better of them (below 1: slower). */
+static void verdict_line(const char *label, double ours, double dev_only, double recompute, int have_dev) {
+  double best = have_dev && dev_only < recompute ? dev_only : recompute;
+  double x = ours > 0 ? best / ours : 0;
+  if (have_dev)
+    printf("%s %.1f ms vs %.1f ms device-only cache, %.1f ms recompute: %.1fx%s\n", label, ours * 1e3,
+           dev_only * 1e3, recompute * 1e3, x, x < 1 ? " (slower)" : "");
+  else
+    printf("%s %.1f ms vs %.1f ms recompute: %.1fx%s\n", label, ours * 1e3, recompute * 1e3, x,
+           x < 1 ? " (slower)" : "");
+}
+
 static void print_human(const kvt_bench_trace *t, const replay_cli *o, const kvt_bench_replay_result *r) {
   const kvt_stats *st = &r->st;
   uint64_t mb = r->model_block_bytes;
@@ -235,7 +251,9 @@ static void print_human(const kvt_bench_trace *t, const replay_cli *o, const kvt
     printf("  restored blocks verified %llu, corrupt %llu; io errors %llu, checksum failures %llu\n",
            (unsigned long long)r->payload_verified, (unsigned long long)r->payload_corrupt,
            (unsigned long long)st->io_errors, (unsigned long long)st->checksum_failures);
-  printf("\n  estimated TTFT (cost model, default hw)     p50        p99       mean   block hits\n");
+  printf("\n");
+  kvt_bench_hw_print(stdout, "  ", &o->ro.hw);
+  printf("  estimated TTFT (cost model)                 p50        p99       mean   block hits\n");
   printf("  %-40s %9.4f s %9.4f s %9.4f s   %.4f\n", "kvtier (these tiers)", r->ttft_p50_s, r->ttft_p99_s,
          r->ttft_mean_s, ratio(r->blocks_hit, r->blocks_total));
   if (o->ro.device_blocks)
@@ -244,6 +262,11 @@ static void print_human(const kvt_bench_trace *t, const replay_cli *o, const kvt
            ratio(r->device_only_blocks_hit, r->blocks_total));
   printf("  %-40s %9.4f s %9.4f s %9.4f s   %.4f\n", "always recompute", r->ttft_recompute_p50_s,
          r->ttft_recompute_p99_s, r->ttft_recompute_mean_s, 0.0);
+  printf("\n");
+  verdict_line("verdict: kvtier TTFT p50", r->ttft_p50_s, r->ttft_device_only_p50_s, r->ttft_recompute_p50_s,
+               o->ro.device_blocks != 0);
+  verdict_line("         kvtier TTFT p99", r->ttft_p99_s, r->ttft_device_only_p99_s, r->ttft_recompute_p99_s,
+               o->ro.device_blocks != 0);
 }
 
 static int replay_main(int argc, char **argv) {

@@ -16,6 +16,7 @@ void kvt_bench_replay_opts_init(kvt_bench_replay_opts *o) {
   o->payload_ram_max = 2ull << 30;
   o->payload_disk_max = 8ull << 30;
   o->device_only_baseline = 1;
+  kvt_hw_init(&o->hw);
 }
 
 uint32_t kvt_bench_replay_keyed(const kvt_bench_trace *t, const kvt_bench_req *q, int whole_ids) {
@@ -69,6 +70,7 @@ typedef struct engine_args {
   int real;
   uint32_t scale;
   const char *disk_path;
+  const kvt_hw_desc *hw;
 } engine_args;
 
 static int fail_kvt(char *err, size_t len, const char *what, int rc) {
@@ -164,7 +166,7 @@ static int engine_open(replay_engine *e, const engine_args *a, char *err, size_t
   }
   if ((rc = kvt_open(&cfg, &e->c)) != 0) return fail_kvt(err, len, "kvt_open", rc);
   if ((rc = register_layout(e, a, err, len)) != 0) return rc;
-  kvt_hw_init(&e->hw);
+  e->hw = *a->hw;
   if (a->real && a->scale > 1) e->plan_model = a->model;
   else if ((rc = kvt_set_cost_model(e->c, a->model, &e->hw)) != 0)
     return fail_kvt(err, len, "kvt_set_cost_model", rc);
@@ -346,8 +348,6 @@ static void account(kvt_bench_replay_result *r, const kvt_bench_trace *t, const 
 
 static int run_loop(replay_state *s, const kvt_bench_trace *t, const kvt_bench_replay_opts *o,
                     const kvt_model_desc *m, kvt_bench_replay_result *r, char *err, size_t len) {
-  kvt_hw_desc hw;
-  kvt_hw_init(&hw);
   step_out so, sb;
   for (size_t i = 0; i < t->n_reqs; i++) {
     const kvt_bench_req *q = &t->reqs[i];
@@ -357,7 +357,7 @@ static int run_loop(replay_state *s, const kvt_bench_trace *t, const kvt_bench_r
     r->truncated_requests += so.n_keyed < counted;
     account(r, t, q, &so, counted);
     kvt_plan none = {.size = sizeof none};
-    rc = kvt_cost_plan(m, &hw, t->block_tokens, so.plan.n_tokens, 0, NULL, &none);
+    rc = kvt_cost_plan(m, &o->hw, t->block_tokens, so.plan.n_tokens, 0, NULL, &none);
     if (rc) return fail_kvt(err, len, "kvt_cost_plan", rc);
     s->ttft_rc[i] = none.est_ttft_s;
     s->ttft[i] = o->restore == KVT_BENCH_RESTORE_PLAN ? so.plan.est_ttft_s
@@ -389,7 +389,7 @@ static int open_engines(replay_state *s, const kvt_bench_trace *t, const kvt_ben
     return set_err(err, len, "a disk tier needs a host tier (device blocks reach disk through the host)");
   engine_args a = {.dev_slots = o->device_blocks, .host_blocks = o->host_blocks, .disk_blocks = o->disk_blocks,
                    .block_tokens = t->block_tokens, .max_keyed = max_keyed, .model = m,
-                   .fingerprint = m->name, .real = o->payload_real, .scale = 1, .disk_path = o->disk_path};
+                   .fingerprint = m->name, .real = o->payload_real, .scale = 1, .disk_path = o->disk_path, .hw = &o->hw};
   if (a.real) {
     uint64_t dev = o->device_blocks ? o->device_blocks : (max_keyed ? max_keyed : 1);
     a.scale = o->payload_scale ? o->payload_scale : auto_scale(o, dev, r->model_block_bytes);

@@ -34,7 +34,7 @@
  *    calibrates itself from the copies it times (this machine's memcpy and
  *    disk speeds). Scaled down (payload_scale > 1), the engine's blocks are
  *    not the model's, so plans come from kvt_lookup + kvt_cost_plan with the
- *    full-size model and default hardware, without calibration.
+ *    full-size model and the given hardware, without calibration.
  *  - TTFT figures are the cost model's estimates (kvt_plan.est_ttft_s), not
  *    measured times. Baselines on the same requests: always recompute (the
  *    planner with nothing cached) and a device-only prefix cache of the same
@@ -70,6 +70,7 @@ typedef struct kvt_bench_replay_opts {
   kvt_bench_restore restore;
   int whole_ids;            /* count the partial last id as a block (see above) */
   int device_only_baseline; /* run the second engine (1) */
+  kvt_hw_desc hw;           /* the hardware the cost model assumes (kvt_hw_init) */
   void (*progress)(double fraction); /* may be NULL */
 } kvt_bench_replay_opts;
 

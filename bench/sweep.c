@@ -39,8 +39,8 @@ static void usage(FILE *f) {
           "  --restore plan|all    (plan)\n"
           "  --whole-ids           count a trace's partial last id as a block\n"
           "  --svg FILE            write the chart\n"
-          "  --json                one JSON object\n",
-          kvt_bench_source_usage);
+          "  --json                one JSON object\n\n%s",
+          kvt_bench_source_usage, kvt_bench_hw_usage);
 }
 
 static int parse_list(const char *opt, const char *v, uint64_t *out, size_t *n) {
@@ -75,6 +75,8 @@ static int parse(int argc, char **argv, sweep_cli *o) {
       o->json = 1;
     } else if (!strcmp(a, "--whole-ids")) {
       o->ro.whole_ids = 1;
+    } else if (kvt_bench_hw_flag(a)) {
+      if (kvt_bench_hw_option("sweep", a, kvt_bench_hw_flag(a) == 2 ? (i++, v) : NULL, &o->ro.hw)) return 2;
     } else if (!v) {
       fprintf(stderr, "kvtier-bench sweep: unknown option or missing value '%s'\n", a);
       return 2;
@@ -120,12 +122,47 @@ typedef struct sweep_point {
 
 static void progress(double f) { kvt_bench_progress("sweep", f); }
 
+/* One TTFT panel's series: a line per disk capacity, the device-only cache
+ * (dashed), and always-recompute (dashed) unless it lies far above the
+ * tiered range, where it would squash the lines that matter: then it is
+ * named in the legend with its value and drawn nowhere. */
+static size_t ttft_series(const sweep_cli *o, const kvt_bench_replay_result *base, sweep_point pts[][MAX_POINTS],
+                          int p99, char labels[][64], double ys[][MAX_POINTS], kvt_bench_svg_series *out,
+                          double *ymax) {
+  size_t nd = o->n_disk;
+  double dev = (p99 ? base->ttft_device_only_p99_s : base->ttft_device_only_p50_s) * 1e3;
+  double rc = (p99 ? base->ttft_recompute_p99_s : base->ttft_recompute_p50_s) * 1e3;
+  double top = dev;
+  for (size_t d = 0; d < nd; d++) {
+    for (size_t h = 0; h < o->n_host; h++) {
+      ys[d][h] = pts[d][h].valid ? (p99 ? pts[d][h].ttft_p99 : pts[d][h].ttft_p50) * 1e3 : NAN;
+      if (isfinite(ys[d][h]) && ys[d][h] > top) top = ys[d][h];
+    }
+    out[d] = (kvt_bench_svg_series){labels[d], ys[d], 0};
+  }
+  int rc_fits = rc <= 1.5 * top;
+  if (rc_fits && rc > top) top = rc;
+  for (size_t h = 0; h < o->n_host; h++) {
+    ys[nd][h] = dev;
+    ys[nd + 1][h] = rc_fits ? rc : NAN;
+  }
+  snprintf(labels[nd], sizeof labels[nd], "device-only prefix cache (%.1f ms)", dev);
+  if (rc_fits) snprintf(labels[nd + 1], sizeof labels[nd + 1], "always recompute (%.1f ms)", rc);
+  else snprintf(labels[nd + 1], sizeof labels[nd + 1], "always recompute: %.1f ms, above this scale", rc);
+  out[nd] = (kvt_bench_svg_series){labels[nd], ys[nd], 1};
+  out[nd + 1] = (kvt_bench_svg_series){labels[nd + 1], ys[nd + 1], 1};
+  *ymax = top * 1.1;
+  return nd + 2;
+}
+
 static int write_svg(const sweep_cli *o, const kvt_bench_trace *t, const kvt_bench_replay_result *base,
                      sweep_point pts[][MAX_POINTS], uint64_t block_bytes) {
-  static char tick_buf[MAX_POINTS][32], label_buf[MAX_POINTS][64];
-  static double hit_y[MAX_POINTS + 1][MAX_POINTS], ttft_y[MAX_POINTS + 2][MAX_POINTS];
+  static char tick_buf[MAX_POINTS][32], label_buf[MAX_POINTS + 2][64], p50_labels[MAX_POINTS + 2][64],
+      p99_labels[MAX_POINTS + 2][64];
+  static double hit_y[MAX_POINTS + 1][MAX_POINTS], p50_y[MAX_POINTS + 2][MAX_POINTS],
+      p99_y[MAX_POINTS + 2][MAX_POINTS];
   const char *ticks[MAX_POINTS];
-  kvt_bench_svg_series hs[MAX_POINTS + 1], ts[MAX_POINTS + 2];
+  kvt_bench_svg_series hs[MAX_POINTS + 1], s50[MAX_POINTS + 2], s99[MAX_POINTS + 2];
   for (size_t h = 0; h < o->n_host; h++) {
     fmt_bytes(tick_buf[h], sizeof tick_buf[h], (double)o->host[h] * (double)block_bytes);
     ticks[h] = tick_buf[h];
@@ -135,41 +172,39 @@ static int write_svg(const sweep_cli *o, const kvt_bench_trace *t, const kvt_ben
     fmt_bytes(b, sizeof b, (double)o->disk[d] * (double)block_bytes);
     if (o->disk[d]) snprintf(label_buf[d], sizeof label_buf[d], "device + host + disk %s", b);
     else snprintf(label_buf[d], sizeof label_buf[d], "device + host");
-    for (size_t h = 0; h < o->n_host; h++) {
-      hit_y[d][h] = pts[d][h].valid ? pts[d][h].hit : NAN;
-      ttft_y[d][h] = pts[d][h].valid ? pts[d][h].ttft_p50 * 1e3 : NAN;
-    }
+    memcpy(p50_labels[d], label_buf[d], sizeof label_buf[d]);
+    memcpy(p99_labels[d], label_buf[d], sizeof label_buf[d]);
+    for (size_t h = 0; h < o->n_host; h++) hit_y[d][h] = pts[d][h].valid ? pts[d][h].hit : NAN;
     hs[d] = (kvt_bench_svg_series){label_buf[d], hit_y[d], 0};
-    ts[d] = (kvt_bench_svg_series){label_buf[d], ttft_y[d], 0};
   }
   size_t nd = o->n_disk;
   double dev_hit = base->blocks_total ? (double)base->device_only_blocks_hit / (double)base->blocks_total : 0;
-  for (size_t h = 0; h < o->n_host; h++) {
-    hit_y[nd][h] = dev_hit;
-    ttft_y[nd][h] = base->ttft_device_only_p50_s * 1e3;
-    ttft_y[nd + 1][h] = base->ttft_recompute_p50_s * 1e3;
-  }
+  for (size_t h = 0; h < o->n_host; h++) hit_y[nd][h] = dev_hit;
   hs[nd] = (kvt_bench_svg_series){"device-only prefix cache", hit_y[nd], 1};
-  ts[nd] = (kvt_bench_svg_series){"device-only prefix cache", ttft_y[nd], 1};
-  ts[nd + 1] = (kvt_bench_svg_series){"always recompute", ttft_y[nd + 1], 1};
+  double max50, max99;
+  size_t n50 = ttft_series(o, base, pts, 0, p50_labels, p50_y, s50, &max50);
+  size_t n99 = ttft_series(o, base, pts, 1, p99_labels, p99_y, s99, &max99);
   char xl[96], sub[256], dev[32];
   fmt_bytes(dev, sizeof dev, (double)o->ro.device_blocks * (double)block_bytes);
   snprintf(xl, sizeof xl, "host tier capacity (%s KV, %u-token blocks; points evenly spaced)", o->ro.model, t->block_tokens);
   snprintf(sub, sizeof sub, "%s; device %llu blocks (%s); restore %s; estimated TTFT from the cost model", t->source,
            (unsigned long long)o->ro.device_blocks, dev, o->ro.restore == KVT_BENCH_RESTORE_ALL ? "all" : "planner");
-  kvt_bench_svg_panel panels[2] = {
+  kvt_bench_svg_panel panels[3] = {
       {"Block hit ratio", xl, "block hit ratio", o->n_host, ticks, hs, nd + 1, 0, 1},
-      {"Estimated TTFT, median", xl, "TTFT p50 (ms)", o->n_host, ticks, ts, nd + 2, 0, 0},
+      {"Estimated TTFT, median", xl, "TTFT p50 (ms)", o->n_host, ticks, s50, n50, 0, max50},
+      {"Estimated TTFT, 99th percentile", xl, "TTFT p99 (ms)", o->n_host, ticks, s99, n99, 0, max99},
   };
-  return kvt_bench_svg_write(o->svg, "kvtier sweep: hit ratio and TTFT vs host capacity", sub, panels, 2);
+  return kvt_bench_svg_write(o->svg, "kvtier sweep: hit ratio and TTFT vs host capacity", sub, panels, 3);
 }
 
 static void print_table(const sweep_cli *o, const kvt_bench_trace *t, const kvt_bench_replay_result *base,
                         sweep_point pts[][MAX_POINTS], uint64_t block_bytes) {
   char dev[32];
   fmt_bytes(dev, sizeof dev, (double)o->ro.device_blocks * (double)block_bytes);
-  printf("kvtier sweep: %s\n  model %s, %u tokens/block, device %llu blocks (%s)\n\n", t->source, o->ro.model,
+  printf("kvtier sweep: %s\n  model %s, %u tokens/block, device %llu blocks (%s)\n", t->source, o->ro.model,
          t->block_tokens, (unsigned long long)o->ro.device_blocks, dev);
+  kvt_bench_hw_print(stdout, "  ", &o->ro.hw);
+  printf("\n");
   printf("  %10s %10s %10s |", "disk", "host", "host KV");
   printf(" %9s %12s %12s\n", "hit ratio", "TTFT p50 ms", "TTFT p99 ms");
   for (size_t d = 0; d < o->n_disk; d++)
@@ -189,8 +224,10 @@ static void print_table(const sweep_cli *o, const kvt_bench_trace *t, const kvt_
 
 static void print_json(const sweep_cli *o, const kvt_bench_trace *t, const kvt_bench_replay_result *base,
                        sweep_point pts[][MAX_POINTS]) {
-  printf("{\"source\":\"%s\",\"model\":\"%s\",\"block_tokens\":%u,\"device_blocks\":%llu,\"points\":[", t->source,
+  printf("{\"source\":\"%s\",\"model\":\"%s\",\"block_tokens\":%u,\"device_blocks\":%llu,", t->source,
          o->ro.model, t->block_tokens, (unsigned long long)o->ro.device_blocks);
+  kvt_bench_hw_json(stdout, &o->ro.hw);
+  printf(",\"points\":[");
   int first = 1;
   for (size_t d = 0; d < o->n_disk; d++)
     for (size_t h = 0; h < o->n_host; h++) {
@@ -201,9 +238,11 @@ static void print_json(const sweep_cli *o, const kvt_bench_trace *t, const kvt_b
              pts[d][h].ttft_p50, pts[d][h].ttft_p99);
       first = 0;
     }
-  printf("],\"device_only_block_hit_ratio\":%.6f,\"ttft_device_only_p50_s\":%.6g,\"ttft_recompute_only_p50_s\":%.6g}\n",
+  printf("],\"device_only_block_hit_ratio\":%.6f,\"ttft_device_only_p50_s\":%.6g,\"ttft_device_only_p99_s\":%.6g,"
+         "\"ttft_recompute_only_p50_s\":%.6g,\"ttft_recompute_only_p99_s\":%.6g}\n",
          base->blocks_total ? (double)base->device_only_blocks_hit / (double)base->blocks_total : 0,
-         base->ttft_device_only_p50_s, base->ttft_recompute_p50_s);
+         base->ttft_device_only_p50_s, base->ttft_device_only_p99_s, base->ttft_recompute_p50_s,
+         base->ttft_recompute_p99_s);
 }
 
 static int sweep_main(int argc, char **argv) {

@@ -57,10 +57,12 @@ step "smoke: main job and bench"
 bench=build/ci/bench/kvtier-bench
 $bench --help >/dev/null
 $bench replay >/dev/null
+$bench replay --json --gpus 8 --link-gbs 50 --disk-gbs 13 >/dev/null
 $bench replay --trace data/mooncake_synthetic_trace.jsonl --json >/dev/null
 $bench sweep --workload multiround --json >/dev/null
 $bench cost --model llama3-70b --tokens 10000 --json >/dev/null
 build/ci/examples/serving_loop --quiet
+build/ci/examples/quickstart build/ci >/dev/null
 
 echo
 echo "kvtier: all tests passed"
