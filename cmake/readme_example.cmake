@@ -16,8 +16,7 @@ if(end LESS 0)
 endif()
 string(SUBSTRING "${rest}" 0 ${end} block)
 if(NOT block STREQUAL example)
-  file(WRITE "${CMAKE_CURRENT_BINARY_DIR}/README-quickstart.c" "${block}")
-  message(FATAL_ERROR "README.md's example differs from ${EXAMPLE}; "
-    "compare with ${CMAKE_CURRENT_BINARY_DIR}/README-quickstart.c (copy the file into the README)")
+  message(FATAL_ERROR "README.md's example differs from ${EXAMPLE}: copy the file into "
+    "the README's code block")
 endif()
 message(STATUS "README.md's example equals ${EXAMPLE}")
