@@ -18,6 +18,14 @@
 
 #include "bench.h"
 
+static void gpu_usage(FILE *f) {
+  fprintf(f, "usage: kvtier-bench gpu [--out DIR] [--quick]\n\n"
+             "  cudaMemcpy ceilings, then scattered stores/loads at 32 KiB, 256 KiB, 2 MiB pieces\n"
+             "  (1..4096 blocks, memcpy/batch/kernel paths), then both directions at once.\n"
+             "  Full numbers: DIR/gpu.csv, DIR/gpu.json (DIR: gpu-check-out); a summary table on\n"
+             "  stdout. Needs a CUDA build and a GPU; bench/gpu-check.sh builds and runs it.\n");
+}
+
 #ifndef KVT_HAVE_CUDA
 
 static int gpu_micro(const kvt_bench_micro_opts *o, kvt_bench_rows *rows) {
@@ -26,7 +34,14 @@ static int gpu_micro(const kvt_bench_micro_opts *o, kvt_bench_rows *rows) {
 }
 
 static int gpu_main(int argc, char **argv) {
-  fprintf(stderr, "gpu: kvtier was built without the CUDA toolkit\n");
+  for (int i = 1; i < argc; i++)
+    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+      gpu_usage(stdout);
+      printf("\nThis kvtier-bench was built without the CUDA toolkit.\n");
+      return 0;
+    }
+  fprintf(stderr, "kvtier-bench gpu: this build has no CUDA backend (the CUDA toolkit was not found,\n"
+                  "or KVT_CUDA=0); see kvtier-bench gpu --help\n");
   return 1;
 }
 
@@ -435,12 +450,13 @@ static int gpu_main(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--out") && i + 1 < argc) dir = argv[++i];
     else if (!strcmp(argv[i], "--quick")) quick = 1;
-    else {
-      printf("kvtier-bench gpu [--out DIR] [--quick]\n"
-             "  cudaMemcpy ceilings, then scattered stores/loads at 32 KiB, 256 KiB, 2 MiB pieces\n"
-             "  (1..4096 blocks, memcpy/batch/kernel paths), then both directions at once.\n"
-             "  Full numbers: DIR/gpu.csv, DIR/gpu.json; a summary table on stdout.\n");
-      return strcmp(argv[i], "--help") ? 2 : 0;
+    else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+      gpu_usage(stdout);
+      return 0;
+    } else {
+      fprintf(stderr, "kvtier-bench gpu: unknown option or missing value '%s'\n\n", argv[i]);
+      gpu_usage(stderr);
+      return 2;
     }
   }
   const char *why;

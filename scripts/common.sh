@@ -47,3 +47,12 @@ kvt_step() {
     exit 1
   fi
 }
+
+# kvt_skips BUILD_DIR: after ctest, the reason each skipped test printed
+# (ctest itself only says "Skipped").
+kvt_skips() {
+  awk '/^[0-9]+\/[0-9]+ Testing: / { name = $3 }
+       /^SKIP: / { sub(/^SKIP: /, ""); print "kvtier: skipped " name ": " $0 }
+       /^\[  SKIPPED \] [A-Za-z0-9_]+$/ { print "kvtier: subtest skipped in " name ": " $NF }' \
+    "$1/Testing/Temporary/LastTest.log" 2>/dev/null || true
+}

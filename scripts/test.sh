@@ -22,6 +22,7 @@ kvt_step build/ci/configure.log "configure (cmake)" \
 grep "kvtier:" build/ci/configure.log | sed 's/^[- ]*/  /' || true
 cmake --build build/ci -j"$jobs"
 ctest --test-dir build/ci --output-on-failure -j"$jobs"
+kvt_skips build/ci
 
 step "install, then build a consumer with find_package and with pkg-config"
 rm -rf build/ci-install build/consumer
@@ -39,6 +40,7 @@ kvt_step build/asan/configure.log "configure (cmake, ASan)" \
 cmake --build build/asan -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build/asan --output-on-failure -j"$jobs"
+kvt_skips build/asan
 
 step "TSan: every test (stress at a quarter of its iterations)"
 kvt_step build/tsan/configure.log "configure (cmake, TSan)" \
@@ -47,6 +49,7 @@ kvt_step build/tsan/configure.log "configure (cmake, TSan)" \
 cmake --build build/tsan -j"$jobs"
 KVT_STRESS_SCALE=0.25 TSAN_OPTIONS=halt_on_error=1 \
   ctest --test-dir build/tsan --output-on-failure -j"$jobs"
+kvt_skips build/tsan
 
 if [[ -f fuzz/CMakeLists.txt ]] && command -v clang >/dev/null 2>&1; then
   step "fuzzers (bounded)"
@@ -61,6 +64,9 @@ $bench replay --json --gpus 8 --link-gbs 50 --disk-gbs 13 >/dev/null
 $bench replay --trace data/mooncake_synthetic_trace.jsonl --json >/dev/null
 $bench sweep --workload multiround --json >/dev/null
 $bench cost --model llama3-70b --tokens 10000 --json >/dev/null
+$bench micro --help >/dev/null
+$bench gpu --help >/dev/null
+if $bench micro --seconds 0 >/dev/null 2>&1; then echo "kvtier: micro accepted --seconds 0" >&2; exit 1; fi
 build/ci/examples/serving_loop --quiet
 build/ci/examples/quickstart build/ci >/dev/null
 
