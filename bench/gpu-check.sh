@@ -6,8 +6,8 @@
 #   3. run `kvtier-bench gpu --out OUT_DIR` (full numbers: gpu.csv, gpu.json),
 #   4. print a short table last.
 # OUT_DIR defaults to ./gpu-check-out. Exits non-zero on any failure.
-# bench/gpu-check.sh --fetch-deps: download the build dependencies as .debs into
-# <repo>/.gpu-deps (where apt works), to carry to a GPU machine without network.
+# bench/gpu-check.sh --fetch-deps: on a machine with apt access, download the build
+# dependencies as .debs into <repo>/.gpu-deps, to copy to a GPU machine without network.
 # Environment: KVT_GPU_CHECK_BUILD (build dir; default <repo>/build-gpu-check),
 #              KVT_GPU_CHECK_DEBS (carried .debs; default <repo>/.gpu-deps),
 #              KVT_GPU_CHECK_QUICK=1 (smaller bench sizes).
@@ -15,9 +15,9 @@ set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 if [[ ${1:-} == --fetch-deps ]]; then
-  # Where apt works (this checkout's machine): download the build
-  # dependencies as .debs into .gpu-deps/ (ignored by git; name it in the
-  # device tool's `carry`). Debian/Ubuntu amd64 packages, ~1 MiB in all.
+  # On a machine with apt access: download the build dependencies as .debs
+  # into .gpu-deps/ (ignored by git; copy it along with the checkout).
+  # Debian/Ubuntu amd64 packages, ~1 MiB in all.
   d=${KVT_GPU_CHECK_DEBS:-$repo/.gpu-deps}
   mkdir -p "$d"
   (cd "$d" && apt-get download liburing-dev liburing2 libxxhash-dev libxxhash0 libcmocka-dev libcmocka0 \
@@ -37,8 +37,8 @@ log() { printf '== %s\n' "$*" >&2; }
 fail() { printf 'gpu-check: FAILED: %s\n' "$*" >&2; exit 1; }
 
 # Dependencies. The GPU machine may have no network and none of these
-# packages: then they come as .deb files carried in $debs (made where apt
-# works by `bench/gpu-check.sh --fetch-deps`), unpacked into the build dir,
+# packages: then they come as .deb files copied in $debs (made with apt access
+# by `bench/gpu-check.sh --fetch-deps`), unpacked into the build dir,
 # never into /. A system that has them all uses its own.
 need_pc=(liburing libxxhash cmocka libcjson)
 pc_exe=$(command -v pkg-config || true)
@@ -61,10 +61,10 @@ elif [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
   log "installing the build dependencies with apt-get"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
     liburing-dev libxxhash-dev libcmocka-dev libcjson-dev pkgconf \
-    || fail "apt-get install (no network? run bench/gpu-check.sh --fetch-deps where apt works, carry $debs)"
+    || fail "apt-get install (no network? run bench/gpu-check.sh --fetch-deps on a machine with apt access and copy $debs here)"
   pc_exe=$(command -v pkg-config)
 else
-  fail "missing ${need_pc[*]} and no .debs in $debs (run bench/gpu-check.sh --fetch-deps where apt works)"
+  fail "missing ${need_pc[*]} and no .debs in $debs (run bench/gpu-check.sh --fetch-deps on a machine with apt access)"
 fi
 command -v cmake >/dev/null || fail "no cmake"
 
