@@ -68,7 +68,9 @@ static size_t turn(kvt_cache *c, const uint32_t *tokens, size_t n_tokens) {
   CHECK(kvt_release(c, req));         /* they stay on the device, unpinned */
 
   kvt_job job; /* the conversation goes idle: offload it to the host tier */
-  if (kvt_store(c, keys, n, KVT_STORE_EVICT, &job) == 1) {
+  int rc = kvt_store(c, keys, n, KVT_STORE_EVICT, &job); /* 0: nothing to copy */
+  CHECK(rc);
+  if (rc == 1) {
     CHECK(kvt_job_wait(c, job, -1)); /* on the host only once the job is done */
     CHECK(kvt_job_release(c, job));
   }
