@@ -242,11 +242,12 @@ static int table(const kvt_model_desc *m, const cost_opts *o) {
            m->name, (unsigned long long)bpt, kvt_model_params(m) / 1e9, o->hw.num_gpus,
            o->hw.flops_per_gpu / 1e12, o->hw.mfu, o->hw.overlap ? "on" : "off");
     printf("whole context cached behind each link; cells: est. TTFT in s and the planner's choice;\n"
-           "break-even: the bandwidth at which restoring all equals recomputing all (%.0f us latency)\n\n",
+           "even: the break-even bandwidth in GB/s, where restoring all equals recomputing all (%.0f us)\n\n",
            o->hw.device_host.latency_s * 1e6);
-    printf("%7s %8s %11s |", "context", "KV GB", "recompute s");
-    for (size_t l = 0; l < n_links; l++) printf(" %-18s", links[l].label);
-    printf("| %s\n", "break-even GB/s");
+    /* 100 columns with the four standard links. */
+    printf("%6s %6s %8s |", "ctx", "KV GB", "recomp s");
+    for (size_t l = 0; l < n_links; l++) printf(" %-16s", links[l].label);
+    printf("| %s\n", "even");
   }
   for (uint64_t n = 1024, row = 0; n <= 131072; n *= 2, row++) {
     double recompute = kvt_cost_compute_s(m, &o->hw, 0, n), breakeven;
@@ -275,17 +276,17 @@ static int table(const kvt_model_desc *m, const cost_opts *o) {
       printf("]}");
       continue;
     }
-    printf("%6lluk %8.2f %11.4f |", (unsigned long long)(n / 1024), n * bpt / 1e9, recompute);
+    printf("%5lluk %6.2f %8.4f |", (unsigned long long)(n / 1024), n * bpt / 1e9, recompute);
     for (size_t l = 0; l < n_links; l++) {
       char what[16];
       if (cells[l].decision == KVT_DECIDE_SPLIT)
         snprintf(what, sizeof what, "split %2.0f%%", 100.0 * cells[l].restore_tokens / n);
       else
         snprintf(what, sizeof what, "%s", decision_name(cells[l].decision));
-      printf(" %7.4f %-10s", cells[l].ttft, what);
+      printf(" %6.3f %-9s", cells[l].ttft, what);
     }
     if (isinf(breakeven))
-      printf("| never\n");
+      printf("|  never\n");
     else
       printf("| %6.2f\n", breakeven / 1e9);
   }
