@@ -42,6 +42,7 @@ static void y_range(const kvt_bench_svg_panel *p, double *lo, double *hi, double
     if (*hi <= 0) *hi = 1;
   }
   *step = nice_step(*hi - *lo, 5);
+  *lo = floor(*lo / *step + 1e-9) * *step; /* ticks at multiples of the step */
   *hi = *lo + ceil((*hi - *lo) / *step - 1e-9) * *step;
 }
 

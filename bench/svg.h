@@ -17,7 +17,7 @@ typedef struct kvt_bench_svg_panel {
   const char *const *xticks;       /* a label per x position */
   const kvt_bench_svg_series *series;
   size_t n_series;
-  double ymin, ymax;               /* equal: from the data (ymin 0) */
+  double ymin, ymax;               /* equal: from the data (ymin 0); ymin is rounded down to a tick */
 } kvt_bench_svg_panel;
 
 /* Writes the chart; returns 0 or -errno. */

@@ -128,15 +128,16 @@ static void progress(double f) { kvt_bench_progress("sweep", f); }
  * named in the legend with its value and drawn nowhere. */
 static size_t ttft_series(const sweep_cli *o, const kvt_bench_replay_result *base, sweep_point pts[][MAX_POINTS],
                           int p99, char labels[][64], double ys[][MAX_POINTS], kvt_bench_svg_series *out,
-                          double *ymax) {
+                          double *ymin, double *ymax) {
   size_t nd = o->n_disk;
   double dev = (p99 ? base->ttft_device_only_p99_s : base->ttft_device_only_p50_s) * 1e3;
   double rc = (p99 ? base->ttft_recompute_p99_s : base->ttft_recompute_p50_s) * 1e3;
-  double top = dev;
+  double top = dev, bottom = dev;
   for (size_t d = 0; d < nd; d++) {
     for (size_t h = 0; h < o->n_host; h++) {
       ys[d][h] = pts[d][h].valid ? (p99 ? pts[d][h].ttft_p99 : pts[d][h].ttft_p50) * 1e3 : NAN;
       if (isfinite(ys[d][h]) && ys[d][h] > top) top = ys[d][h];
+      if (isfinite(ys[d][h]) && ys[d][h] < bottom) bottom = ys[d][h];
     }
     out[d] = (kvt_bench_svg_series){labels[d], ys[d], 0};
   }
@@ -151,7 +152,10 @@ static size_t ttft_series(const sweep_cli *o, const kvt_bench_replay_result *bas
   else snprintf(labels[nd + 1], sizeof labels[nd + 1], "always recompute: %.1f ms, above this scale", rc);
   out[nd] = (kvt_bench_svg_series){labels[nd], ys[nd], 1};
   out[nd + 1] = (kvt_bench_svg_series){labels[nd + 1], ys[nd + 1], 1};
-  *ymax = top * 1.1;
+  /* The axis starts near the lowest point, not at 0, so that the tiered
+   * lines' differences are visible; the tick labels show the offset. */
+  *ymin = bottom * 0.8;
+  *ymax = top + (top - *ymin) * 0.1;
   return nd + 2;
 }
 
@@ -181,9 +185,9 @@ static int write_svg(const sweep_cli *o, const kvt_bench_trace *t, const kvt_ben
   double dev_hit = base->blocks_total ? (double)base->device_only_blocks_hit / (double)base->blocks_total : 0;
   for (size_t h = 0; h < o->n_host; h++) hit_y[nd][h] = dev_hit;
   hs[nd] = (kvt_bench_svg_series){"device-only prefix cache", hit_y[nd], 1};
-  double max50, max99;
-  size_t n50 = ttft_series(o, base, pts, 0, p50_labels, p50_y, s50, &max50);
-  size_t n99 = ttft_series(o, base, pts, 1, p99_labels, p99_y, s99, &max99);
+  double min50, max50, min99, max99;
+  size_t n50 = ttft_series(o, base, pts, 0, p50_labels, p50_y, s50, &min50, &max50);
+  size_t n99 = ttft_series(o, base, pts, 1, p99_labels, p99_y, s99, &min99, &max99);
   char xl[96], sub[256], dev[32];
   fmt_bytes(dev, sizeof dev, (double)o->ro.device_blocks * (double)block_bytes);
   snprintf(xl, sizeof xl, "host tier capacity (%s KV, %u-token blocks; points evenly spaced)", o->ro.model, t->block_tokens);
@@ -191,8 +195,8 @@ static int write_svg(const sweep_cli *o, const kvt_bench_trace *t, const kvt_ben
            (unsigned long long)o->ro.device_blocks, dev, o->ro.restore == KVT_BENCH_RESTORE_ALL ? "all" : "planner");
   kvt_bench_svg_panel panels[3] = {
       {"Block hit ratio", xl, "block hit ratio", o->n_host, ticks, hs, nd + 1, 0, 1},
-      {"Estimated TTFT, median", xl, "TTFT p50 (ms)", o->n_host, ticks, s50, n50, 0, max50},
-      {"Estimated TTFT, 99th percentile", xl, "TTFT p99 (ms)", o->n_host, ticks, s99, n99, 0, max99},
+      {"Estimated TTFT, median", xl, "TTFT p50 (ms)", o->n_host, ticks, s50, n50, min50, max50},
+      {"Estimated TTFT, 99th percentile", xl, "TTFT p99 (ms)", o->n_host, ticks, s99, n99, min99, max99},
   };
   return kvt_bench_svg_write(o->svg, "kvtier sweep: hit ratio and TTFT vs host capacity", sub, panels, 3);
 }
