@@ -13,7 +13,12 @@ cd "$(dirname "$0")/.."
 source scripts/common.sh
 bash scripts/deps.sh --test
 jobs=$(nproc)
-step() { printf '\n==== %s ====\n' "$*"; }
+current="install packages"
+step() {
+  current=$*
+  printf '\n==== %s ====\n' "$*"
+}
+trap 'echo "kvtier: the test command failed in step \"$current\" (its output is above)" >&2' ERR
 
 step "build (-Werror) and test"
 # shellcheck disable=SC2046
@@ -26,9 +31,10 @@ kvt_skips build/ci
 
 step "install, then build a consumer with find_package and with pkg-config"
 rm -rf build/ci-install build/consumer
-cmake --install build/ci --prefix "$PWD/build/ci-install" >/dev/null
-cmake -S tests/consumer -B build/consumer -DCMAKE_PREFIX_PATH="$PWD/build/ci-install" >/dev/null
-cmake --build build/consumer >/dev/null
+kvt_step build/ci-install.log "cmake --install" cmake --install build/ci --prefix "$PWD/build/ci-install"
+kvt_step build/consumer.log "configure the find_package consumer" \
+  cmake -S tests/consumer -B build/consumer -DCMAKE_PREFIX_PATH="$PWD/build/ci-install"
+kvt_step build/consumer.log "build the find_package consumer" cmake --build build/consumer
 LD_LIBRARY_PATH="$PWD/build/ci-install/lib" build/consumer/consumer
 pc_dir=$(dirname "$(find build/ci-install -name kvtier.pc | head -1)")
 cc tests/consumer/consumer.c -o build/consumer/consumer-pc $(PKG_CONFIG_PATH="$pc_dir" pkg-config --cflags --libs kvtier)
