@@ -1,5 +1,5 @@
-/* Cost model and planner (src/core/cost.c): the worked example of DESIGN.md
- * section 1, the flips to recompute, the host/disk split, pipelined splits,
+/* Cost model and planner (src/core/cost.c): the README's worked example
+ * (docs/cost-model.md), the flips to recompute, the host/disk split, pipelined splits,
  * monotonicity, MLA, device-resident blocks and argument checking. */
 #include <errno.h>
 #include <math.h>
@@ -24,7 +24,7 @@ static kvt_model_desc model(const char *name) {
   return m;
 }
 
-/* DESIGN.md section 1: 8 GPUs of 989 TFLOP/s at 0.5, PCIe 24 GB/s. */
+/* The README's worked example: 8 GPUs of 989 TFLOP/s at 0.5, PCIe 24 GB/s. */
 static kvt_hw_desc hw_example(int overlap) {
   kvt_hw_desc hw;
   kvt_hw_init(&hw);
