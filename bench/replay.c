@@ -216,7 +216,7 @@ static void print_human(const kvt_bench_trace *t, const replay_cli *o, const kvt
     printf(", %s per block (1/%u scale), disk backend %s", pb, r->payload_scale, r->disk_backend);
   }
   printf("\n  tiers: device %llu blocks (%s)%s, host %llu (%s), disk %llu (%s)\n  restore: %s%s\n\n",
-         (unsigned long long)caps[0], tier[0], caps[0] ? "" : " = running request only",
+         (unsigned long long)caps[0], tier[0], caps[0] ? "" : ": the running request",
          (unsigned long long)caps[1], tier[1], (unsigned long long)caps[2], tier[2],
          o->ro.restore == KVT_BENCH_RESTORE_PLAN ? "planner" : o->ro.restore == KVT_BENCH_RESTORE_ALL ? "all" : "none",
          o->ro.whole_ids ? "; partial ids counted as blocks" : "; full blocks only");
