@@ -24,40 +24,52 @@ static int check_args(const kvt__coalesce_args *a) {
   return 0;
 }
 
+/* Block order is one step over all layers. */
+static uint32_t step_layers(const kvt__coalesce_iter *it) {
+  if (it->a.order == KVT__ORDER_BY_BLOCK) return it->a.layout->num_layers;
+  return it->a.layers_per_step ? it->a.layers_per_step : 1;
+}
+
 int kvt__coalesce_begin(kvt__coalesce_iter *it, const kvt__coalesce_args *args) {
   if (!it || !args) return -EINVAL;
   int rc = check_args(args);
   if (rc) return rc;
   memset(it, 0, sizeof *it);
   it->a = *args;
+  uint32_t step = step_layers(it);
+  it->step_end = step < args->layout->num_layers ? step : args->layout->num_layers;
   it->finished = args->n_blocks == 0;
   return 0;
 }
 
-/* Moves the cursor past the current piece. Returns 1 when a layer ended
- * under BY_LAYER order (the caller stops there). */
+/* Moves the cursor past the current piece: next segment, next layer of the
+ * step, the step's layers of the next block, then the next step. Returns 1
+ * when a step ended under BY_LAYER order (the caller stops there). */
 static int advance(kvt__coalesce_iter *it) {
   const kvt_layout *lay = it->a.layout;
   it->seg_off += seg_at(it, it->layer, it->seg)->bytes;
   it->piece_off = 0;
   if (++it->seg < lay->segments_per_layer) return 0;
   it->seg = 0;
-  if (it->a.order == KVT__ORDER_BY_LAYER) {
-    size_t layer_bytes = it->seg_off;
-    it->seg_off = 0;
-    if (++it->block < it->a.n_blocks) return 0;
-    it->block = 0;
-    it->layer_off += layer_bytes;
-    if (++it->layer == lay->num_layers) it->finished = 1;
-    return 1;
-  }
   it->layer_off += it->seg_off;
   it->seg_off = 0;
-  if (++it->layer < lay->num_layers) return 0;
-  it->layer = 0;
-  it->layer_off = 0;
-  if (++it->block == it->a.n_blocks) it->finished = 1;
-  return 0;
+  if (++it->layer < it->step_end) return 0;
+  if (++it->block < it->a.n_blocks) { /* same step, next block */
+    it->layer = it->step_first;
+    it->layer_off = it->step_off;
+    return 0;
+  }
+  it->block = 0;
+  it->step_first = it->layer;
+  it->step_off = it->layer_off; /* every payload has the same shape */
+  uint32_t step = step_layers(it);
+  it->step_end = lay->num_layers - it->layer < step ? lay->num_layers : it->layer + step;
+  if (it->layer == lay->num_layers) {
+    it->finished = 1;
+    it->layer = 0;
+    it->layer_off = 0;
+  }
+  return it->a.order == KVT__ORDER_BY_LAYER;
 }
 
 /* Where the host side [h, h + len) may extend to without crossing a pinned
@@ -103,7 +115,7 @@ static int extends(const kvt__copy_run *r, uint64_t run_chunk, const piece *p) {
 static uint32_t layers_done_now(const kvt__coalesce_iter *it) {
   uint32_t n = it->a.layout->num_layers;
   if (it->finished) return n;
-  return it->a.order == KVT__ORDER_BY_LAYER ? it->layer : 0;
+  return it->a.order == KVT__ORDER_BY_LAYER ? it->step_first : 0;
 }
 
 size_t kvt__coalesce_next(kvt__coalesce_iter *it, kvt__copy_run *runs, size_t max_runs,

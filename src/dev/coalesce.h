@@ -20,12 +20,19 @@
 #include "kvtier/backend.h"
 
 /* Piece order. Loads go layer by layer so that layer l can be signalled as
- * soon as its runs finish (runs never span two layers); stores go block by
- * block, the host payload's own order, which merges the most. */
+ * soon as its runs finish (runs never span two steps); stores go block by
+ * block, the host payload's own order, which merges the most.
+ *
+ * BY_LAYER takes `layers_per_step` layers at a time: for each step, every
+ * block's pieces of those layers, block by block. With one layer per step a
+ * block contributes one small piece per segment; with several, its pieces of
+ * the step are contiguous on the host side (and on the device side when the
+ * layout packs a slot's layers together), so copies stream, at the price of
+ * coarser progress (layers become ready a step at a time). */
 enum { KVT__ORDER_BY_LAYER = 0, KVT__ORDER_BY_BLOCK = 1 };
 
 /* One copy: bytes from src to dst. `layer` is the layer of its first piece
- * (with KVT__ORDER_BY_LAYER, its only layer). */
+ * (with KVT__ORDER_BY_LAYER and one layer per step, its only layer). */
 typedef struct kvt__copy_run {
   void *dst;
   const void *src;
@@ -51,12 +58,15 @@ typedef struct kvt__coalesce_args {
   void *const *host_blocks;   /* n_blocks host payloads */
   const kvt__host_span *spans; /* may be NULL */
   uint32_t n_spans;
+  uint32_t layers_per_step;   /* BY_LAYER only: 0 or 1 = one layer */
 } kvt__coalesce_args;
 
 /* Cursor over the pieces of a transfer. Fields are private. */
 typedef struct kvt__coalesce_iter {
   kvt__coalesce_args a;
   uint32_t layer, block, seg;
+  uint32_t step_first, step_end; /* layers [step_first, step_end) of the step */
+  size_t step_off;  /* offset of `step_first` inside a host payload */
   size_t layer_off; /* offset of `layer` inside a host payload */
   size_t seg_off;   /* offset of `seg` inside its layer */
   size_t piece_off; /* bytes of the current piece already emitted (chunk splits) */
@@ -71,7 +81,7 @@ int kvt__coalesce_begin(kvt__coalesce_iter *it, const kvt__coalesce_args *args);
 /* Emits up to max_runs merged runs, starting with the cursor's piece, and
  * advances the cursor. Runs of one call are never merged with those of the
  * previous call. With KVT__ORDER_BY_LAYER a call stops at the end of a
- * layer; *layers_done (may be NULL) receives how many leading layers have
+ * step; *layers_done (may be NULL) receives how many leading layers have
  * all their pieces emitted so far (BY_BLOCK: num_layers at the end, else 0).
  * Returns the number of runs (0 once everything is emitted). */
 size_t kvt__coalesce_next(kvt__coalesce_iter *it, kvt__copy_run *runs, size_t max_runs,
@@ -83,8 +93,9 @@ size_t kvt__coalesce_next(kvt__coalesce_iter *it, kvt__copy_run *runs, size_t ma
 size_t kvt__coalesce_max_runs(const kvt_layout *layout, uint32_t n_blocks);
 
 /* All runs of a transfer at once. layer_end (layout->num_layers entries, may
- * be NULL): the runs of layers <= l are runs[0, layer_end[l]) (BY_LAYER; with
- * BY_BLOCK every entry is *n_runs). Returns 0, -ENOBUFS if max_runs is too
+ * be NULL): the runs of layers <= l are runs[0, layer_end[l]) (BY_LAYER, where
+ * the layers of one step share the step's end; with BY_BLOCK every entry is
+ * *n_runs). Returns 0, -ENOBUFS if max_runs is too
  * small, or the errors of kvt__coalesce_begin. */
 int kvt__coalesce(const kvt__coalesce_args *args, kvt__copy_run *runs, size_t max_runs,
                   size_t *n_runs, uint32_t *layer_end);
