@@ -139,7 +139,7 @@ typedef struct kvt_config {
   /* Device tier. */
   kvt_device_kind device;    /* KVT_DEVICE_AUTO */
   int cuda_device;           /* CUDA ordinal (0) */
-  uint32_t copy_threads;     /* host backend copy workers (1) */
+  uint32_t copy_threads;     /* host backend copy workers (0: one per available core) */
 
   /* Host tier (T1). */
   uint64_t host_blocks;      /* slots in the pinned host pool; 0 = no host tier */
