@@ -1,6 +1,7 @@
 /* The host device backend: the engine's KV pool lives in RAM (CPU engines,
- * tests). Copies are memcpy on worker threads so that they are as
- * asynchronous as the CUDA ones; a load publishes its progress per layer.
+ * tests). Copies run on worker threads (memcpy, or streaming stores for
+ * large transfers) so that they are as asynchronous as the CUDA ones; a
+ * load publishes its progress per layer.
  *
  * A transfer is planned once at submit: a load is cut into steps of a few
  * layers, each step into units of about HOST_UNIT_BYTES (a range of blocks),
