@@ -286,6 +286,80 @@ static void load_groups_runs_by_layer_in_order(void **state) {
   fixture_free(&f);
 }
 
+/* Copies window by window, then checks the result against a piece-by-piece
+ * copy of the whole transfer. Returns the total run count. */
+static size_t coalesce_windows(fixture *f, int dir, int order, uint32_t width) {
+  size_t max = kvt__coalesce_max_runs(&f->lay, f->n), total = 0;
+  kvt__copy_run *runs = calloc(max ? max : 1, sizeof *runs);
+  assert_non_null(runs);
+  for (uint32_t first = 0; first < f->lay.num_layers; first += width) {
+    uint32_t left = f->lay.num_layers - first;
+    uint32_t layer_end[MAX_SEGS], n = left < width ? left : width;
+    size_t k = 0;
+    kvt__coalesce_args a = args_of(f, dir, order);
+    a.first_layer = first;
+    a.n_layers = n;
+    assert_int_equal(kvt__coalesce(&a, runs + total, max - total, &k, layer_end), 0);
+    for (uint32_t l = 0; l < f->lay.num_layers; l++) /* the window's runs, and only its */
+      assert_int_equal(layer_end[l], l < first ? 0 : l >= first + n - 1 ? k : layer_end[l]);
+    for (size_t r = total; r < total + k; r++) {
+      assert_true(runs[r].layer >= first);
+      assert_true(runs[r].layer < first + n);
+    }
+    total += k;
+  }
+  check_coverage(f, dir, runs, total);
+  check_data(f, dir, runs, total);
+  free(runs);
+  return total;
+}
+
+static void layer_windows_merge_a_slots_layers_in_block_order(void **state) {
+  fixture f;
+  layout_cross_layer(&f, 5, 32, 512);
+  fixture_blocks(&f, 8, scattered, 0);
+  /* Windows [0,2) [2,4) [4,5): one run per block and window. */
+  assert_int_equal(coalesce_windows(&f, KVT_XFER_H2D, KVT__ORDER_BY_BLOCK, 2), 8 * 3);
+  assert_int_equal(coalesce_windows(&f, KVT_XFER_D2H, KVT__ORDER_BY_BLOCK, 2), 8 * 3);
+  assert_int_equal(coalesce_windows(&f, KVT_XFER_H2D, KVT__ORDER_BY_LAYER, 2), 8 * 5);
+  kvt__copy_run runs[8];
+  size_t n = 0;
+  kvt__coalesce_args a = args_of(&f, KVT_XFER_H2D, KVT__ORDER_BY_BLOCK);
+  a.first_layer = 2;
+  a.n_layers = 2;
+  assert_int_equal(kvt__coalesce(&a, runs, 8, &n, NULL), 0);
+  assert_int_equal(n, 8);
+  for (uint32_t i = 0; i < 8; i++) { /* block i's layers 2 and 3, block by block */
+    assert_ptr_equal(runs[i].dst, (unsigned char *)f.segs[4].base + f.slots[i] * f.segs[4].stride);
+    assert_ptr_equal(runs[i].src, (unsigned char *)f.hosts[i] + 2 * 2 * 512);
+    assert_int_equal(runs[i].bytes, 2 * 2 * 512);
+    assert_int_equal(runs[i].layer, 2);
+  }
+  kvt__coalesce_iter it;
+  uint32_t done = 99;
+  a.n_layers = 0; /* from layer 2 to the end */
+  assert_int_equal(kvt__coalesce_begin(&it, &a), 0);
+  assert_int_equal(kvt__coalesce_next(&it, runs, 8, &done), 8);
+  assert_int_equal(done, 5);
+  assert_int_equal(runs[0].bytes, 3 * 2 * 512);
+  a.first_layer = 5; /* outside the layout */
+  assert_int_equal(kvt__coalesce(&a, runs, 8, &n, NULL), -EINVAL);
+  a.first_layer = 4;
+  a.n_layers = 2;
+  assert_int_equal(kvt__coalesce(&a, runs, 8, &n, NULL), -EINVAL);
+  fixture_free(&f);
+
+  /* Per-layer pools and per-layer K,V: windows change the order, never the bytes. */
+  layout_vllm_flash(&f, 5, 32, 256);
+  fixture_blocks(&f, 8, scattered, 0);
+  assert_int_equal(coalesce_windows(&f, KVT_XFER_H2D, KVT__ORDER_BY_BLOCK, 3), 8 * 5 * 2);
+  fixture_free(&f);
+  layout_flashinfer(&f, 4, 32, 200);
+  fixture_blocks(&f, 8, scattered, 0);
+  assert_int_equal(coalesce_windows(&f, KVT_XFER_D2H, KVT__ORDER_BY_BLOCK, 3), 8 * 4);
+  fixture_free(&f);
+}
+
 static void small_buffer_iteration_matches_one_shot(void **state) {
   fixture f;
   layout_flashinfer(&f, 5, 32, 300);
@@ -408,6 +482,7 @@ int main(void) {
       cmocka_unit_test(vllm_flash_layout_never_merges_k_with_v),
       cmocka_unit_test(flashinfer_layout_merges_k_and_v_of_a_slot),
       cmocka_unit_test(cross_layer_block_is_one_run_when_stored),
+      cmocka_unit_test(layer_windows_merge_a_slots_layers_in_block_order),
       cmocka_unit_test(consecutive_slots_merge_when_host_is_consecutive),
       cmocka_unit_test(mla_one_segment_per_layer),
       cmocka_unit_test(load_groups_runs_by_layer_in_order),

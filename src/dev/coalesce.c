@@ -21,6 +21,7 @@ static int check_args(const kvt__coalesce_args *a) {
     if (a->dev_slots[i] >= lay->num_slots || !a->host_blocks[i]) return -EINVAL;
   for (uint32_t i = 0; i < a->n_spans; i++)
     if (a->spans[i].chunk == 0) return -EINVAL;
+  if (a->first_layer >= lay->num_layers || a->n_layers > lay->num_layers - a->first_layer) return -EINVAL;
   return 0;
 }
 
@@ -30,34 +31,40 @@ int kvt__coalesce_begin(kvt__coalesce_iter *it, const kvt__coalesce_args *args) 
   if (rc) return rc;
   memset(it, 0, sizeof *it);
   it->a = *args;
+  const kvt_layout *lay = args->layout;
+  it->end_layer = args->n_layers ? args->first_layer + args->n_layers : lay->num_layers;
+  for (uint32_t j = 0; j < args->first_layer * lay->segments_per_layer; j++) it->layer_off += lay->segments[j].bytes;
+  it->layer = it->step_first = args->first_layer;
+  it->step_off = it->layer_off;
+  /* Block order visits the whole window block by block: one step. */
+  it->step_end = args->order == KVT__ORDER_BY_BLOCK ? it->end_layer : it->layer + 1;
   it->finished = args->n_blocks == 0;
   return 0;
 }
 
-/* Moves the cursor past the current piece. Returns 1 when a layer ended
- * under BY_LAYER order (the caller stops there). */
+/* Moves the cursor past the current piece: next segment, next layer of the
+ * step, the step's layers of the next block, then the next step. Returns 1
+ * when a layer ended under BY_LAYER order (the caller stops there). */
 static int advance(kvt__coalesce_iter *it) {
   const kvt_layout *lay = it->a.layout;
   it->seg_off += seg_at(it, it->layer, it->seg)->bytes;
   it->piece_off = 0;
   if (++it->seg < lay->segments_per_layer) return 0;
   it->seg = 0;
-  if (it->a.order == KVT__ORDER_BY_LAYER) {
-    size_t layer_bytes = it->seg_off;
-    it->seg_off = 0;
-    if (++it->block < it->a.n_blocks) return 0;
-    it->block = 0;
-    it->layer_off += layer_bytes;
-    if (++it->layer == lay->num_layers) it->finished = 1;
-    return 1;
-  }
   it->layer_off += it->seg_off;
   it->seg_off = 0;
-  if (++it->layer < lay->num_layers) return 0;
-  it->layer = 0;
-  it->layer_off = 0;
-  if (++it->block == it->a.n_blocks) it->finished = 1;
-  return 0;
+  if (++it->layer < it->step_end) return 0;
+  if (++it->block < it->a.n_blocks) { /* same step, next block */
+    it->layer = it->step_first;
+    it->layer_off = it->step_off;
+    return 0;
+  }
+  it->block = 0;
+  it->step_first = it->layer;
+  it->step_off = it->layer_off; /* every payload has the same shape */
+  it->step_end = it->layer + 1; /* only BY_LAYER has a next step */
+  if (it->layer == it->end_layer) it->finished = 1;
+  return it->a.order == KVT__ORDER_BY_LAYER;
 }
 
 /* Where the host side [h, h + len) may extend to without crossing a pinned
@@ -101,9 +108,8 @@ static int extends(const kvt__copy_run *r, uint64_t run_chunk, const piece *p) {
 }
 
 static uint32_t layers_done_now(const kvt__coalesce_iter *it) {
-  uint32_t n = it->a.layout->num_layers;
-  if (it->finished) return n;
-  return it->a.order == KVT__ORDER_BY_LAYER ? it->layer : 0;
+  if (it->finished) return it->end_layer;
+  return it->a.order == KVT__ORDER_BY_LAYER ? it->step_first : it->a.first_layer;
 }
 
 size_t kvt__coalesce_next(kvt__coalesce_iter *it, kvt__copy_run *runs, size_t max_runs,
@@ -147,6 +153,8 @@ int kvt__coalesce(const kvt__coalesce_args *args, kvt__copy_run *runs, size_t ma
   if (!n_runs || (max_runs && !runs)) return -EINVAL;
   size_t total = 0;
   uint32_t done = 0, prev = 0, n_layers = args->layout->num_layers;
+  for (; layer_end && prev < args->first_layer; prev++) layer_end[prev] = 0; /* before the window */
+  prev = args->first_layer;
   while (!it.finished) {
     size_t k = kvt__coalesce_next(&it, runs + total, max_runs - total, &done);
     total += k;

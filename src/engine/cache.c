@@ -19,7 +19,7 @@ void kvt_config_init(kvt_config *cfg) {
   cfg->dtype = KVT_DTYPE_BF16;
   cfg->tp_size = 1;
   cfg->device = KVT_DEVICE_AUTO;
-  cfg->copy_threads = 1;
+  cfg->copy_threads = 0; /* one per available core */
   cfg->disk_queue_depth = 32;
   cfg->max_requests = 1024;
   cfg->max_jobs = 256;

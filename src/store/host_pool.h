@@ -1,7 +1,9 @@
 /* The host tier's memory: one slab of fixed-size slots, allocated once at
  * layout registration through the device backend (pinned where it can),
- * optionally mlock'ed when it is not pinned. A slot holds one block record
- * image (store/record.h), so a spill or fetch is a single aligned I/O. */
+ * optionally mlock'ed when it is not pinned, and faulted in there and then
+ * when it is neither, so no copy pays for first-touch page faults. A slot
+ * holds one block record image (store/record.h), so a spill or fetch is a
+ * single aligned I/O. */
 #ifndef KVT_STORE_HOST_POOL_H
 #define KVT_STORE_HOST_POOL_H
 
