@@ -1,0 +1,803 @@
+"""kvtier: KV-cache tiering (GPU -> pinned host -> disk) for LLM inference.
+
+A thin binding of the C library libkvtier (carried in this package) through
+cffi's ABI mode. Every C call releases the GIL while it runs, so waits
+(Request.wait, Job.wait, Cache.drain, a blocking Cache.acquire) let other
+Python threads run. One Cache may be used from any number of threads, as the
+C API allows; only opening, register_layout and close must not race other
+calls on the same cache.
+
+Keys are 16 bytes each (kvt_key: lo, hi as little-endian uint64). Functions
+that return keys return a numpy array of shape (n, 2) and dtype uint64;
+functions that take keys accept such an array, any C-contiguous array whose
+last dimension is 16 bytes, bytes-like objects of n * 16 bytes, or a list of
+16-byte bytes. Engine memory (the KV pool) is passed zero-copy as a numpy
+array, a memoryview or other writable buffer, a torch tensor (its data_ptr),
+or a raw address (int).
+"""
+
+import enum
+import errno as _errno
+from collections import namedtuple
+
+import numpy as np
+
+from ._cdef import ERRORS as _ERRORS
+from ._lib import LIBRARY_PATH, ffi, lib
+
+__all__ = [
+    "Cache", "Config", "ModelDesc", "HwDesc", "Plan", "Stats", "Request", "Job", "Segment",
+    "KvtError", "Dtype", "Device", "DiskBackend", "WritePolicy", "Tier", "Decision",
+    "version", "version_number", "strerror", "config_defaults", "layout_defaults",
+    "model_preset_names", "cost_plan", "cost_breakeven", "cost_recompute_flops",
+    "cost_compute_s", "cost_transfer_s", "keys_to_bytes",
+    "LIBRARY_PATH", "OK", "INPROGRESS", "STORE_EVICT", "ACQUIRE_NOWAIT",
+    "LAYOUT_METADATA_ONLY", "MAP_BYTES_PER_BLOCK",
+] + list(_ERRORS)
+
+OK = 0
+INPROGRESS = 1
+STORE_EVICT = 0x1
+ACQUIRE_NOWAIT = 0x1
+LAYOUT_METADATA_ONLY = 0x1
+MAP_BYTES_PER_BLOCK = 116
+globals().update(_ERRORS)
+_ERROR_NAMES = {v: "KVT_" + k for k, v in _ERRORS.items()}
+
+
+class Dtype(enum.IntEnum):
+    F16 = 1
+    BF16 = 2
+    F32 = 3
+    FP8_E4M3 = 4
+    FP8_E5M2 = 5
+    INT8 = 6
+    OTHER = 255
+
+
+class Device(enum.IntEnum):
+    AUTO = 0
+    HOST = 1
+    CUDA = 2
+
+
+class DiskBackend(enum.IntEnum):
+    AUTO = 0
+    URING = 1
+    THREADS = 2
+
+
+class WritePolicy(enum.IntEnum):
+    BACK = 0
+    THROUGH = 1
+
+
+class Tier(enum.IntEnum):
+    DEVICE = 0
+    HOST = 1
+    DISK = 2
+    NONE = 255
+
+
+class Decision(enum.IntEnum):
+    RECOMPUTE = 0
+    RESTORE = 1
+    SPLIT = 2
+
+
+# --------------------------------------------------------------------------
+# Version and errors
+# --------------------------------------------------------------------------
+
+def version():
+    """The linked library's version string, e.g. "0.1.0"."""
+    return ffi.string(lib.kvt_version()).decode()
+
+
+def version_number():
+    """The linked library's KVT_VERSION_NUMBER (major * 10000 + minor * 100 + patch)."""
+    return lib.kvt_version_number()
+
+
+def strerror(code):
+    """kvt_strerror: the text of any return code (0, 1, -errno, KVT_E*)."""
+    return ffi.string(lib.kvt_strerror(int(code))).decode()
+
+
+class KvtError(Exception):
+    """A negative return code of the C library.
+
+    code: the code (-errno or a KVT_E* value); name: "KVT_EMISS", "ENOENT"...;
+    text: kvt_strerror(code); call: the C function that returned it.
+    """
+
+    def __init__(self, code, call=None):
+        self.code = int(code)
+        self.name = _ERROR_NAMES.get(self.code) or _errno.errorcode.get(-self.code, "unknown")
+        self.text = strerror(self.code)
+        self.call = call
+        where = "%s: " % call if call else ""
+        super().__init__("%s%s (%s, %d)" % (where, self.text, self.name, self.code))
+
+
+def _check(rc, call):
+    if rc < 0:
+        raise KvtError(rc, call)
+    return rc
+
+
+# --------------------------------------------------------------------------
+# Structs: attribute access over the C struct, to_dict() for a plain copy
+# --------------------------------------------------------------------------
+
+class _Struct:
+    _ctype = None
+    _enums = {}
+
+    def __init__(self, cdata=None):
+        if cdata is None:
+            cdata = ffi.new(self._ctype + " *")
+        object.__setattr__(self, "_c", cdata)
+        object.__setattr__(self, "_keep", {})
+
+    @classmethod
+    def _fields(cls):
+        return [name for name, _ in ffi.typeof(cls._ctype).fields]
+
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        try:
+            value = getattr(self._c, name)
+        except AttributeError:
+            raise AttributeError("%s has no field %r" % (type(self).__name__, name)) from None
+        if isinstance(value, ffi.CData):
+            kind = ffi.typeof(value).kind
+            if kind == "array":
+                return ffi.string(value).decode()
+            if kind == "pointer":
+                return ffi.string(value).decode() if value != ffi.NULL else None
+            if kind == "struct":
+                return _Link(value)
+        if name in self._enums:
+            return self._enums[name](value)
+        return value
+
+    def __setattr__(self, name, value):
+        if name == "size":
+            raise AttributeError("size is set by the library's init function")
+        try:
+            ctype = ffi.typeof(self._c).item.fields
+            field = dict(ctype)[name].type
+        except KeyError:
+            raise AttributeError("%s has no field %r" % (type(self).__name__, name)) from None
+        if field.kind == "array":
+            raw = value.encode() if isinstance(value, str) else bytes(value)
+            if len(raw) >= field.length:
+                raise ValueError("%s: at most %d bytes" % (name, field.length - 1))
+            setattr(self._c, name, raw)
+        elif field.kind == "pointer":  # const char *: keep the bytes alive here
+            if value is None:
+                self._keep.pop(name, None)
+                setattr(self._c, name, ffi.NULL)
+            else:
+                raw = value.encode() if isinstance(value, str) else bytes(value)
+                buf = ffi.new("char[]", raw)
+                self._keep[name] = buf
+                setattr(self._c, name, buf)
+        elif field.kind == "struct":
+            link = getattr(self._c, name)
+            if isinstance(value, dict):
+                for k, v in value.items():
+                    setattr(link, k, v)
+            else:
+                link.bytes_per_s, link.latency_s = value
+        else:
+            setattr(self._c, name, int(value) if field.kind == "enum" else value)
+
+    def to_dict(self):
+        out = {}
+        for name in self._fields():
+            value = getattr(self, name)
+            out[name] = value.to_dict() if isinstance(value, _Link) else value
+        return out
+
+    def __repr__(self):
+        return "%s(%s)" % (type(self).__name__, ", ".join("%s=%r" % kv for kv in self.to_dict().items()))
+
+
+class _Link(_Struct):
+    """A copy path (kvt_link): bytes_per_s, latency_s; a view into its parent."""
+    _ctype = "kvt_link"
+
+
+class Config(_Struct):
+    """kvt_config with kvt_config_init's defaults; fields are keyword arguments."""
+    _ctype = "kvt_config"
+    _enums = {"dtype": Dtype, "device": Device, "disk_backend": DiskBackend, "write_policy": WritePolicy}
+
+    def __init__(self, **fields):
+        super().__init__()
+        lib.kvt_config_init(self._c)
+        for k, v in fields.items():
+            setattr(self, k, v)
+
+
+class ModelDesc(_Struct):
+    """kvt_model_desc (kvt_model_init's defaults), or a preset: ModelDesc.preset("llama3-8b")."""
+    _ctype = "kvt_model_desc"
+
+    def __init__(self, **fields):
+        super().__init__()
+        lib.kvt_model_init(self._c)
+        for k, v in fields.items():
+            setattr(self, k, v)
+
+    @classmethod
+    def preset(cls, name, **fields):
+        m = cls()
+        _check(lib.kvt_model_preset(name.encode(), m._c), "kvt_model_preset")
+        for k, v in fields.items():
+            setattr(m, k, v)
+        return m
+
+    def kv_bytes_per_token(self):
+        """KV bytes per token over all layers; 0 for an invalid model."""
+        return lib.kvt_model_kv_bytes_per_token(self._c)
+
+    def param_count(self):
+        """Parameters active per token (params, or derived from the shape); 0 if invalid."""
+        return lib.kvt_model_params(self._c)
+
+
+class HwDesc(_Struct):
+    """kvt_hw_desc with kvt_hw_init's defaults (H100, PCIe, NVMe)."""
+    _ctype = "kvt_hw_desc"
+
+    def __init__(self, **fields):
+        super().__init__()
+        lib.kvt_hw_init(self._c)
+        for k, v in fields.items():
+            setattr(self, k, v)
+
+
+class Plan(_Struct):
+    """kvt_plan: a plan from Cache.plan_request or cost_plan (read it, do not fill it)."""
+    _ctype = "kvt_plan"
+    _enums = {"decision": Decision}
+
+    def __init__(self):
+        super().__init__()
+        self._c.size = ffi.sizeof("kvt_plan")
+
+
+class Stats(_Struct):
+    """kvt_stats: a snapshot of the cache's counters."""
+    _ctype = "kvt_stats"
+
+    def __init__(self):
+        super().__init__()
+        self._c.size = ffi.sizeof("kvt_stats")
+
+
+def config_defaults():
+    """kvt_config_init's defaults as a dict."""
+    return Config().to_dict()
+
+
+def layout_defaults():
+    """kvt_layout_init's defaults as a dict (segments as an address, 0 = NULL)."""
+    lay = ffi.new("kvt_layout *")
+    lib.kvt_layout_init(lay)
+    return {name: (int(ffi.cast("uintptr_t", getattr(lay, name))) if name == "segments" else getattr(lay, name))
+            for name, _ in ffi.typeof("kvt_layout").fields}
+
+
+def model_preset_names():
+    """Names of the built-in model presets."""
+    names, i = [], 0
+    while True:
+        p = lib.kvt_model_preset_name(i)
+        if p == ffi.NULL:
+            return names
+        names.append(ffi.string(p).decode())
+        i += 1
+
+
+# --------------------------------------------------------------------------
+# Cost model (pure functions)
+# --------------------------------------------------------------------------
+
+def cost_recompute_flops(model, start, stop):
+    """FLOPs to recompute tokens [start, stop) after a cached prefix of start: (total, linear part)."""
+    linear = ffi.new("double *")
+    total = lib.kvt_cost_recompute_flops(model._c, start, stop, linear)
+    return total, linear[0]
+
+
+def cost_compute_s(model, hw, start, stop):
+    """Seconds to compute tokens [start, stop) on hw; 0 for invalid arguments."""
+    return lib.kvt_cost_compute_s(model._c, hw._c, start, stop)
+
+
+def cost_transfer_s(hw, host_bytes, disk_bytes):
+    """Seconds to bring host_bytes and disk_bytes to the device; 0 for invalid arguments."""
+    return lib.kvt_cost_transfer_s(hw._c, host_bytes, disk_bytes)
+
+
+def cost_plan(model, hw, block_tokens, n_tokens, tier_of_block=()):
+    """The planner on its own: tier_of_block lists the fastest tier (Tier) of each cached block."""
+    tiers = np.ascontiguousarray(tier_of_block, dtype=np.uint8)
+    plan = Plan()
+    ptr = ffi.from_buffer("uint8_t[]", tiers) if tiers.size else ffi.NULL
+    _check(lib.kvt_cost_plan(model._c, hw._c, block_tokens, n_tokens, tiers.size, ptr, plan._c), "kvt_cost_plan")
+    return plan
+
+
+def cost_breakeven(model, hw, n_tokens, cached_tokens):
+    """device_host bytes/s at which restoring cached_tokens ties recomputing (inf: never)."""
+    out = ffi.new("double *")
+    _check(lib.kvt_cost_breakeven(model._c, hw._c, n_tokens, cached_tokens, out), "kvt_cost_breakeven")
+    return out[0]
+
+
+# --------------------------------------------------------------------------
+# Keys, tokens and buffers
+# --------------------------------------------------------------------------
+
+def _as_keys(keys):
+    """(kvt_key * cdata, n, owner) for any accepted key container, zero-copy where possible."""
+    if isinstance(keys, (list, tuple)):
+        if keys and not isinstance(keys[0], (bytes, bytearray, memoryview)):
+            keys = np.asarray(keys, dtype=np.uint64)  # [[lo, hi], ...]
+        else:
+            if any(len(k) != 16 for k in keys):
+                raise ValueError("each key must be 16 bytes")
+            keys = b"".join(bytes(k) for k in keys)
+    if isinstance(keys, np.ndarray):
+        if keys.ndim == 0 or keys.shape[-1] * keys.dtype.itemsize != 16:
+            if not (keys.dtype.itemsize == 16 and keys.ndim >= 1):
+                raise ValueError("keys: the last dimension must hold 16 bytes, e.g. shape (n, 2) uint64")
+        arr = keys
+    else:
+        arr = np.frombuffer(keys, dtype=np.uint8)
+        if arr.size % 16:
+            raise ValueError("keys: %d bytes is not a multiple of 16" % arr.size)
+    # kvt_key holds uint64s: hand the library aligned, contiguous memory.
+    if not arr.flags.c_contiguous or arr.ctypes.data % 8:
+        arr = np.ascontiguousarray(arr).copy()
+    n = arr.nbytes // 16
+    if n == 0:
+        return ffi.NULL, 0, arr
+    return ffi.cast("kvt_key *", arr.ctypes.data), n, arr
+
+
+def _new_keys(n):
+    return np.zeros((n, 2), dtype=np.uint64)
+
+
+def keys_to_bytes(keys):
+    """The keys as bytes, 16 per key (lo then hi, little-endian)."""
+    _, _, arr = _as_keys(keys)
+    return arr.tobytes()
+
+
+def _as_tokens(tokens, n_expected=None):
+    if tokens is None:
+        return ffi.NULL, None
+    arr = np.ascontiguousarray(tokens, dtype=np.uint32)
+    if n_expected is not None and arr.size != n_expected:
+        raise ValueError("tokens: expected %d ids (blocks x block_tokens), got %d" % (n_expected, arr.size))
+    if arr.size == 0:
+        return ffi.NULL, arr
+    return ffi.cast("uint32_t *", arr.ctypes.data), arr
+
+
+def _address(obj):
+    """(address, nbytes or None, owner) of a writable buffer, a torch tensor or an int."""
+    if isinstance(obj, int):
+        return obj, None, None
+    if hasattr(obj, "data_ptr") and hasattr(obj, "element_size"):  # torch.Tensor
+        if not obj.is_contiguous():
+            raise ValueError("tensor must be contiguous")
+        return int(obj.data_ptr()), obj.numel() * obj.element_size(), obj
+    buf = ffi.from_buffer(obj, require_writable=True)
+    return int(ffi.cast("uintptr_t", buf)), len(buf), buf
+
+
+def _stream(stream):
+    if stream is None:
+        return ffi.NULL
+    if hasattr(stream, "cuda_stream"):  # torch.cuda.Stream
+        stream = stream.cuda_stream
+    return ffi.cast("void *", int(stream))
+
+
+def _timeout_ns(timeout):
+    return -1 if timeout is None else int(max(0.0, timeout) * 1e9)
+
+
+Segment = namedtuple("Segment", "base stride bytes")
+Segment.__doc__ = "One segment of one layer: block slot s is `bytes` bytes at base + s * stride."
+LookupResult = namedtuple("LookupResult", "n_blocks n_prefix n_device n_host n_disk tiers")
+AcquireInfo = namedtuple("AcquireInfo", "n_restore n_device_hits n_loading n_from_disk")
+
+
+# --------------------------------------------------------------------------
+# Requests and jobs
+# --------------------------------------------------------------------------
+
+class Request:
+    """A request in flight (kvt_req). Its blocks hold device slots until release().
+
+    slots: numpy uint32 array, the slot of each keyed block then each extra slot.
+    info: AcquireInfo. loading: True when loads were in flight at acquire.
+    A context manager: leaving the block releases the request.
+    """
+
+    def __init__(self, cache, handle, slots, info, loading, n_blocks):
+        self._cache = cache
+        self.handle = handle
+        self.slots = slots
+        self.info = info
+        self.loading = loading
+        self.n_blocks = n_blocks
+        self.released = False
+
+    def poll(self):
+        """(done, n_ready): n_ready leading blocks are valid; final once done."""
+        n = ffi.new("uint32_t *")
+        rc = _check(lib.kvt_request_poll(self._cache._ptr(), self.handle, n), "kvt_request_poll")
+        return rc == 0, n[0]
+
+    def wait(self, timeout=None):
+        """Waits for the loads (timeout in seconds, None = forever); returns n_ready.
+        Blocks [n_ready, info.n_restore) failed to load and must be recomputed.
+        Raises KvtError ETIMEDOUT when the timeout passes first."""
+        n = ffi.new("uint32_t *")
+        _check(lib.kvt_request_wait(self._cache._ptr(), self.handle, _timeout_ns(timeout), n), "kvt_request_wait")
+        return n[0]
+
+    def layer_ready(self, layer):
+        """True once layer `layer` of every loading block has landed (provisional)."""
+        return _check(lib.kvt_request_layer_ready(self._cache._ptr(), self.handle, layer),
+                      "kvt_request_layer_ready") == 0
+
+    def wait_layer(self, layer, stream=None):
+        """CUDA: `stream` waits on the layer's event; host backend: waits here."""
+        _check(lib.kvt_request_wait_layer(self._cache._ptr(), self.handle, layer, _stream(stream)),
+               "kvt_request_wait_layer")
+
+    def extend(self, keys, tokens=None):
+        """The first len(keys) extra slots now hold full blocks with these keys."""
+        kp, n, karr = _as_keys(keys)
+        bt = self._cache.block_tokens
+        tp, tarr = _as_tokens(tokens, None if tokens is None else n * bt)
+        _check(lib.kvt_request_extend(self._cache._ptr(), self.handle, kp, tp, n), "kvt_request_extend")
+        self.n_blocks += n
+
+    def commit(self, n_valid=None, stream=None):
+        """Keyed blocks [0, n_valid) hold valid KV (default: all keyed blocks)."""
+        if n_valid is None:
+            n_valid = self.n_blocks
+        _check(lib.kvt_commit(self._cache._ptr(), self.handle, n_valid, _stream(stream)), "kvt_commit")
+
+    def release(self):
+        """Unpins the request's blocks (waits for loads in flight)."""
+        self.released = True
+        _check(lib.kvt_release(self._cache._ptr(), self.handle), "kvt_release")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if not self.released and not self._cache.closed:
+            self.release()
+
+
+class Job:
+    """A transfer started by Cache.store or Cache.prefetch (kvt_job).
+
+    started is False when there was nothing to copy (then every call is a
+    no-op that succeeds). A context manager: leaving the block releases the
+    handle (an unfinished job then completes on its own).
+    """
+
+    def __init__(self, cache, handle):
+        self._cache = cache
+        self.handle = handle
+        self.started = handle is not None
+        self.released = not self.started
+
+    def poll(self):
+        """True when done ok, False while in progress; raises the job's error."""
+        if not self.started:
+            return True
+        return _check(lib.kvt_job_poll(self._cache._ptr(), self.handle), "kvt_job_poll") == 0
+
+    def wait(self, timeout=None):
+        """Waits until done (seconds, None = forever); raises the job's error or ETIMEDOUT."""
+        if self.started:
+            _check(lib.kvt_job_wait(self._cache._ptr(), self.handle, _timeout_ns(timeout)), "kvt_job_wait")
+
+    def cancel(self):
+        if self.started:
+            _check(lib.kvt_job_cancel(self._cache._ptr(), self.handle), "kvt_job_cancel")
+
+    def release(self):
+        if self.started:
+            self.released = True
+            _check(lib.kvt_job_release(self._cache._ptr(), self.handle), "kvt_job_release")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if not self.released and not self._cache.closed:
+            self.release()
+
+
+# --------------------------------------------------------------------------
+# The cache
+# --------------------------------------------------------------------------
+
+class Cache:
+    """A kvtier cache (kvt_cache), opened with a Config or its fields as keywords:
+
+        with kvtier.Cache(model_fingerprint="my-model@rev", device=kvtier.Device.HOST,
+                          host_blocks=64, disk_path="/var/cache/kv", disk_blocks=1024) as c:
+            c.register_layout(...)
+
+    Close it (or leave the with block) to wait for transfers and free it.
+    """
+
+    def __init__(self, config=None, **fields):
+        if config is None:
+            config = Config(**fields)
+        elif fields:
+            raise TypeError("pass a Config or keyword fields, not both")
+        self.config = config
+        self.block_tokens = config.block_tokens
+        self._keep = []
+        out = ffi.new("kvt_cache **")
+        _check(lib.kvt_open(config._c, out), "kvt_open")
+        self._c = out[0]
+
+    # Lifecycle --------------------------------------------------------
+
+    @property
+    def closed(self):
+        return self._c is None
+
+    def _ptr(self):
+        if self._c is None:
+            raise ValueError("kvtier: the cache is closed")
+        return self._c
+
+    @property
+    def handle(self):
+        """The kvt_cache * as an int, for C code that shares this cache."""
+        return int(ffi.cast("uintptr_t", self._ptr()))
+
+    def close(self):
+        """Waits for every transfer in flight, then frees the cache. Idempotent."""
+        c, self._c = self._c, None
+        if c is not None:
+            lib.kvt_close(c)
+        self._keep = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_c", None) is not None:
+            self.close()
+
+    def register_layout(self, num_layers, segments_per_layer, num_slots, segments=None, flags=0):
+        """Registers the engine's KV pool: segments lists num_layers * segments_per_layer
+        (buffer, stride, bytes) layer-major, each buffer a numpy array, memoryview,
+        torch tensor or address. None = metadata only (no bytes move). The cache
+        keeps the buffers alive until it is closed. May block."""
+        lay = ffi.new("kvt_layout *")
+        lib.kvt_layout_init(lay)
+        lay.num_layers = num_layers
+        lay.segments_per_layer = segments_per_layer
+        lay.num_slots = num_slots
+        lay.flags = flags
+        keep = []
+        if segments is None:
+            lay.flags |= LAYOUT_METADATA_ONLY
+        else:
+            segments = list(segments)
+            if len(segments) != num_layers * segments_per_layer:
+                raise ValueError("expected %d segments (layers x segments per layer), got %d"
+                                 % (num_layers * segments_per_layer, len(segments)))
+            arr = ffi.new("kvt_segment[]", len(segments))
+            for i, seg in enumerate(segments):
+                base, stride, nbytes = seg
+                addr, size, owner = _address(base)
+                if size is not None and num_slots and (num_slots - 1) * stride + nbytes > size:
+                    raise ValueError("segment %d: %d slots of stride %d and %d bytes need %d bytes, "
+                                     "the buffer has %d" % (i, num_slots, stride, nbytes,
+                                                           (num_slots - 1) * stride + nbytes, size))
+                arr[i].base = ffi.cast("void *", addr)
+                arr[i].stride = stride
+                arr[i].bytes = nbytes
+                keep.append(owner)
+            lay.segments = arr
+            keep.append(arr)
+        _check(lib.kvt_register_layout(self._ptr(), lay), "kvt_register_layout")
+        self._keep.extend(keep)
+
+    def register_pool(self, pool):
+        """Registers a pool shaped (num_layers, segments_per_layer, num_slots, ...):
+        a C-contiguous numpy array or torch tensor, one block slot per [l, s, slot]."""
+        if pool.ndim < 3:
+            raise ValueError("pool: shape (layers, segments per layer, slots, ...) expected")
+        layers, segs, slots = (int(x) for x in pool.shape[:3])
+        if hasattr(pool, "data_ptr") and hasattr(pool, "element_size"):
+            itemsize = pool.element_size()
+        else:
+            itemsize = pool.itemsize
+        per_slot = itemsize
+        for d in pool.shape[3:]:
+            per_slot *= int(d)
+        addr, _, owner = _address(pool)
+        seg_stride = slots * per_slot
+        segments = [(addr + (l * segs + s) * seg_stride, per_slot, per_slot)
+                    for l in range(layers) for s in range(segs)]
+        self.register_layout(layers, segs, slots, segments)
+        self._keep.append(owner)
+
+    def block_bytes(self):
+        """Bytes of one block (0 for metadata only)."""
+        return lib.kvt_block_bytes(self._ptr())
+
+    def namespace(self):
+        """The namespace key (after register_layout), shape (1, 2) uint64."""
+        ns = _new_keys(1)
+        _check(lib.kvt_namespace(self._ptr(), ffi.cast("kvt_key *", ns.ctypes.data)), "kvt_namespace")
+        return ns
+
+    def device_backend_name(self):
+        return ffi.string(lib.kvt_device_backend_name(self._ptr())).decode()
+
+    def disk_backend_name(self):
+        return ffi.string(lib.kvt_disk_backend_name(self._ptr())).decode()
+
+    # Keys --------------------------------------------------------------
+
+    def hash_tokens(self, tokens, parent=None):
+        """Prefix-chained keys of the full blocks of tokens; parent: the key
+        before tokens[0] (None: tokens start the sequence)."""
+        tp, tarr = _as_tokens(tokens)
+        n_tokens = 0 if tarr is None else tarr.size
+        n_max = n_tokens // self.block_tokens
+        keys = _new_keys(max(n_max, 1))
+        pp = ffi.NULL
+        if parent is not None:
+            pp, pn, parr = _as_keys(parent)
+            if pn != 1:
+                raise ValueError("parent: one key expected")
+        n = ffi.new("size_t *")
+        _check(lib.kvt_hash_tokens(self._ptr(), pp, tp if n_tokens else ffi.cast("uint32_t *", keys.ctypes.data),
+                                   n_tokens, ffi.cast("kvt_key *", keys.ctypes.data), n_max, n),
+               "kvt_hash_tokens")
+        return keys[: n[0]]
+
+    def keys_from_opaque(self, opaque, key_bytes=None):
+        """kvtier keys for n engine keys of key_bytes each: bytes (key_bytes
+        given), a list of equal-length bytes, or an array shaped (n, key_bytes)."""
+        if isinstance(opaque, (list, tuple)):
+            if not opaque:
+                return _new_keys(0)
+            key_bytes = len(opaque[0])
+            if any(len(k) != key_bytes for k in opaque):
+                raise ValueError("opaque keys must all have the same length")
+            raw = np.frombuffer(b"".join(bytes(k) for k in opaque), dtype=np.uint8)
+        elif isinstance(opaque, np.ndarray):
+            raw = np.ascontiguousarray(opaque)
+            if key_bytes is None:
+                if raw.ndim < 2:
+                    raise ValueError("key_bytes is needed for a 1-d array")
+                key_bytes = raw.nbytes // raw.shape[0] if raw.shape[0] else 1
+            raw = raw.view(np.uint8).reshape(-1)
+        else:
+            if key_bytes is None:
+                raise ValueError("key_bytes is needed for bytes")
+            raw = np.frombuffer(opaque, dtype=np.uint8)
+        if key_bytes <= 0 or raw.size % key_bytes:
+            raise ValueError("%d bytes is not a whole number of %d-byte keys" % (raw.size, key_bytes))
+        n = raw.size // key_bytes
+        keys = _new_keys(n)
+        if n:
+            _check(lib.kvt_keys_from_opaque(self._ptr(), ffi.cast("void *", raw.ctypes.data), key_bytes, n,
+                                            ffi.cast("kvt_key *", keys.ctypes.data)), "kvt_keys_from_opaque")
+        return keys
+
+    # Read path ---------------------------------------------------------
+
+    def lookup(self, keys, tiers=False):
+        """Longest cached prefix of keys, split by tier; no side effects. With
+        tiers=True, .tiers is a uint8 array of Tier per key (NONE past the prefix)."""
+        kp, n, karr = _as_keys(keys)
+        res = ffi.new("kvt_lookup_result *")
+        res.size = ffi.sizeof("kvt_lookup_result")
+        tob = np.empty(n, dtype=np.uint8) if tiers else None
+        tp = ffi.cast("uint8_t *", tob.ctypes.data) if tiers and n else ffi.NULL
+        _check(lib.kvt_lookup(self._ptr(), kp, n, res, tp), "kvt_lookup")
+        return LookupResult(res.n_blocks, res.n_prefix, res.n_device, res.n_host, res.n_disk, tob)
+
+    def plan_request(self, keys, n_tokens):
+        """The planner's advice for a request of n_tokens whose full blocks have keys."""
+        kp, n, karr = _as_keys(keys)
+        plan = Plan()
+        _check(lib.kvt_plan_request(self._ptr(), kp, n, n_tokens, plan._c), "kvt_plan_request")
+        return plan
+
+    def acquire(self, keys, tokens=None, restore=None, extra_slots=0, nowait=False):
+        """Device slots for the keyed blocks plus extra_slots; the first `restore`
+        (default: all) are restored where cached. tokens: block_tokens ids per
+        block, verified against the stored ones (None: no verification).
+        Returns a Request. May block while evicted blocks are copied down
+        (never with nowait=True: KvtError EAGAIN instead)."""
+        kp, n, karr = _as_keys(keys)
+        tp, tarr = _as_tokens(tokens, None if tokens is None else n * self.block_tokens)
+        slots = np.empty(n + extra_slots, dtype=np.uint32)
+        req = ffi.new("kvt_req *")
+        info = ffi.new("kvt_acquire_info *")
+        info.size = ffi.sizeof("kvt_acquire_info")
+        sp = ffi.cast("uint32_t *", slots.ctypes.data) if slots.size else ffi.NULL
+        rc = _check(lib.kvt_acquire(self._ptr(), kp, tp, n, n if restore is None else restore, extra_slots,
+                                    ACQUIRE_NOWAIT if nowait else 0, req, sp, info), "kvt_acquire")
+        ai = AcquireInfo(info.n_restore, info.n_device_hits, info.n_loading, info.n_from_disk)
+        return Request(self, req[0], slots, ai, rc == 1, n)
+
+    # Write path --------------------------------------------------------
+
+    def store(self, keys, evict=False):
+        """Copies the device-resident blocks among keys to the host tier (evict:
+        free their device slots once copied). Returns a Job (started is False
+        when there was nothing to copy). May block while host slots spill."""
+        kp, n, karr = _as_keys(keys)
+        job = ffi.new("kvt_job *")
+        rc = _check(lib.kvt_store(self._ptr(), kp, n, STORE_EVICT if evict else 0, job), "kvt_store")
+        return Job(self, job[0] if rc == 1 else None)
+
+    def prefetch(self, keys):
+        """Promotes the disk-resident blocks of keys' cached prefix to the host
+        tier. Never waits; KvtError EAGAIN means ask again."""
+        kp, n, karr = _as_keys(keys)
+        job = ffi.new("kvt_job *")
+        rc = _check(lib.kvt_prefetch(self._ptr(), kp, n, job), "kvt_prefetch")
+        return Job(self, job[0] if rc == 1 else None)
+
+    def drain(self):
+        """Waits until no transfer is in flight (evictions included)."""
+        _check(lib.kvt_drain(self._ptr()), "kvt_drain")
+
+    # Cost model ----------------------------------------------------------
+
+    def set_cost_model(self, model, hw=None):
+        """The model (ModelDesc) and hardware (HwDesc, default HwDesc()) the planner uses."""
+        hw = HwDesc() if hw is None else hw
+        _check(lib.kvt_set_cost_model(self._ptr(), model._c, hw._c), "kvt_set_cost_model")
+
+    def report_prefill(self, start, stop, seconds):
+        """A measured prefill of tokens [start, stop); later plans follow it."""
+        _check(lib.kvt_report_prefill(self._ptr(), start, stop, seconds), "kvt_report_prefill")
+
+    def calibrated_hw(self):
+        """The hardware description as calibrated so far (HwDesc)."""
+        hw = HwDesc()
+        _check(lib.kvt_get_calibrated_hw(self._ptr(), hw._c), "kvt_get_calibrated_hw")
+        return hw
+
+    def stats(self):
+        """A snapshot of the counters (Stats; .to_dict() for a dict)."""
+        st = Stats()
+        _check(lib.kvt_get_stats(self._ptr(), st._c), "kvt_get_stats")
+        return st

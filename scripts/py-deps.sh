@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Installs the engines the Python adapters plug into, at pinned versions, into
+# a venv cached between runs on one machine, and prints the venv's path last.
+#   scripts/py-deps.sh [--print-env]
+# The cache lives in ${KVT_PY_CACHE:-~/.cache/kvtier-py}/<hash of the pins>;
+# a finished venv holds a .complete file and is reused as is. Delete the
+# directory to reinstall. Each step's time goes to <venv>/install-times.txt.
+#
+# The engines go in with --no-deps, their listed dependencies with theirs.
+# Why not `pip install vllm`: some of vLLM's and SGLang's dependencies are
+# downloaded from outside the package registry at build time, so the engines
+# are installed with --no-deps plus the few packages the imported modules need.
+set -euo pipefail
+
+TORCH=2.14.0
+VLLM=0.34.0
+SGLANG=0.5.23
+LMCACHE=0.5.6
+# Pure-Python dependencies of torch, and the CUDA 13 libraries the toolkit
+# does not ship (the rest come from the toolkit's lib64 on LD_LIBRARY_PATH).
+TORCH_DEPS="filelock typing-extensions sympy networkx jinja2 fsspec setuptools>=77.0.3 numpy"
+TORCH_CUDA_LIBS="nvidia-cusparselt-cu13==0.8.1 nvidia-nccl-cu13==2.30.7 nvidia-nvshmem-cu13==3.4.5 nvidia-cufile"
+VLLM_DEPS="packaging msgspec"
+# What `import sglang.srt.mem_cache.hicache_storage` needs (found by importing
+# it until nothing was missing); torch 2.14.0 wants triton 3.8.
+SGLANG_DEPS="orjson psutil pybase64 requests triton~=3.8.0 pillow starlette pydantic pyzmq tqdm ipython aiohttp"
+# What `import lmcache.v1.storage_backend.connector.base_connector` needs.
+LMCACHE_DEPS="numba pyyaml cachetools sortedcontainers prometheus_client py-cpuinfo aiofile transformers cryptography"
+TEST_DEPS="pytest cffi"
+
+pins="torch=$TORCH vllm=$VLLM sglang=$SGLANG lmcache=$LMCACHE deps=$TORCH_DEPS|$TORCH_CUDA_LIBS|$VLLM_DEPS|$SGLANG_DEPS|$LMCACHE_DEPS|$TEST_DEPS py=$(python3 -c 'import sys; print(sys.version_info[:2])')"
+tag=$(printf '%s' "$pins" | sha256sum | cut -c1-12)
+root=${KVT_PY_CACHE:-$HOME/.cache/kvtier-py}
+venv=$root/engines-$tag
+
+cuda_lib=""
+for d in "${CUDA_HOME:-}" /usr/local/cuda; do
+  if [[ -n "$d" && -d "$d/lib64" ]]; then cuda_lib=$d/lib64; break; fi
+done
+
+if [[ ! -f $venv/.complete ]]; then
+  rm -rf "$venv"
+  mkdir -p "$root"
+  python3 -m venv "$venv"
+  pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
+  times=$venv/install-times.txt
+  : > "$times"
+  timed() {
+    local name=$1; shift
+    local t0; t0=$(date +%s.%N)
+    "$@"
+    printf '%-10s %6.1f s\n' "$name" "$(echo "$(date +%s.%N) - $t0" | bc)" | tee -a "$times" >&2
+  }
+  timed pip "${pip[@]}" --upgrade pip
+  # shellcheck disable=SC2086
+  timed torch "${pip[@]}" --no-deps torch==$TORCH
+  # shellcheck disable=SC2086
+  timed torch-deps "${pip[@]}" $TORCH_DEPS $TORCH_CUDA_LIBS $TEST_DEPS
+  # shellcheck disable=SC2086
+  timed vllm "${pip[@]}" --no-deps vllm==$VLLM
+  # shellcheck disable=SC2086
+  timed vllm-deps "${pip[@]}" $VLLM_DEPS
+  # shellcheck disable=SC2086
+  timed sglang "${pip[@]}" --no-deps sglang==$SGLANG
+  # shellcheck disable=SC2086
+  timed sglang-deps "${pip[@]}" $SGLANG_DEPS
+  # shellcheck disable=SC2086
+  timed lmcache "${pip[@]}" --no-deps lmcache==$LMCACHE
+  # shellcheck disable=SC2086
+  timed lmcache-deps "${pip[@]}" $LMCACHE_DEPS
+  # The modules the adapters build on must import.
+  LD_LIBRARY_PATH=${cuda_lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} "$venv/bin/python" -c '
+import torch, vllm.v1.kv_offload.tiering.base, sglang.srt.mem_cache.hicache_storage
+import lmcache.v1.storage_backend.connector.base_connector' >"$venv/import-check.log" 2>&1 || {
+    cat "$venv/import-check.log" >&2
+    echo "kvtier: the engines installed in $venv do not import" >&2; exit 1; }
+  touch "$venv/.complete"
+fi
+
+if [[ ${1:-} == --print-env ]]; then
+  echo "export LD_LIBRARY_PATH=${cuda_lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+echo "$venv"
