@@ -5,7 +5,9 @@
 #   2. the whole suite under ASan+UBSan;
 #   3. every test under TSan (the concurrency stress with fewer iterations);
 #   4. the libFuzzer targets, briefly, when clang is available;
-#   5. a smoke run of the main job and the bench subcommands.
+#   5. a smoke run of the main job and the bench subcommands;
+#   6. the Python package: pip install in a fresh venv, then its pytest suite
+#      with torch and the engines (scripts/py-deps.sh, cached) importable.
 # KVT_CUDA=0 builds without the CUDA backend; KVT_FUZZ_SECONDS (15) bounds
 # each fuzz target.
 set -euo pipefail
@@ -75,6 +77,21 @@ $bench gpu --help >/dev/null
 if $bench micro --seconds 0 >/dev/null 2>&1; then echo "kvtier: micro accepted --seconds 0" >&2; exit 1; fi
 build/ci/examples/serving_loop --quiet
 build/ci/examples/quickstart build/ci >/dev/null
+
+step "python: pip install in a fresh venv, pytest"
+deps_env=$(bash scripts/py-deps.sh --print-env) # the engines' venv, CUDA libraries for torch
+engines=$(tail -n 1 <<<"$deps_env")
+eval "$(head -n -1 <<<"$deps_env")"
+rm -rf build/py
+python3 -m venv build/py/venv
+py_cmake=()
+kvt_cuda_wanted || py_cmake=(-C cmake.define.KVT_CUDA=OFF)
+kvt_step build/py/install.log "pip install ./python" build/py/venv/bin/pip install "${py_cmake[@]}" ./python pytest
+(cd build/py && venv/bin/python -c "import kvtier; print('kvtier', kvtier.version(), 'from', kvtier.LIBRARY_PATH)")
+# torch and the engines come from the cached venv, after the fresh venv's own packages.
+py_site=$(build/py/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+"$engines/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' >"$py_site/kvtier-engines.pth"
+build/py/venv/bin/pytest -q -p no:cacheprovider python/tests
 
 echo
 echo "kvtier: all tests passed"

@@ -11,7 +11,7 @@ Keys are 16 bytes each (kvt_key: lo, hi as little-endian uint64). Functions
 that return keys return a numpy array of shape (n, 2) and dtype uint64;
 functions that take keys accept such an array, any C-contiguous array whose
 last dimension is 16 bytes, bytes-like objects of n * 16 bytes, or a list of
-16-byte bytes. Engine memory (the KV pool) is passed zero-copy as a numpy
+16-byte bytes, or a CPU torch tensor of such a shape. Engine memory (the KV pool) is passed zero-copy as a numpy
 array, a memoryview or other writable buffer, a torch tensor (its data_ptr),
 or a raw address (int).
 """
@@ -354,6 +354,8 @@ def _as_keys(keys):
             if any(len(k) != 16 for k in keys):
                 raise ValueError("each key must be 16 bytes")
             keys = b"".join(bytes(k) for k in keys)
+    if hasattr(keys, "data_ptr") and hasattr(keys, "numpy"):  # a CPU torch tensor: its numpy view
+        keys = keys.detach().numpy()
     if isinstance(keys, np.ndarray):
         if keys.ndim == 0 or keys.shape[-1] * keys.dtype.itemsize != 16:
             if not (keys.dtype.itemsize == 16 and keys.ndim >= 1):
