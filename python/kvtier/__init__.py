@@ -388,7 +388,7 @@ def _as_tokens(tokens, n_expected=None):
     if tokens is None:
         return ffi.NULL, None
     arr = np.ascontiguousarray(tokens, dtype=np.uint32)
-    if n_expected is not None and arr.size != n_expected:
+    if n_expected is not None and arr.size < n_expected:
         raise ValueError("tokens: expected %d ids (blocks x block_tokens), got %d" % (n_expected, arr.size))
     if arr.size == 0:
         return ffi.NULL, arr
@@ -471,7 +471,8 @@ class Request:
                "kvt_request_wait_layer")
 
     def extend(self, keys, tokens=None):
-        """The first len(keys) extra slots now hold full blocks with these keys."""
+        """The first len(keys) extra slots now hold full blocks with these keys
+        (tokens: at least block_tokens ids per key, or None)."""
         kp, n, karr = _as_keys(keys)
         bt = self._cache.block_tokens
         tp, tarr = _as_tokens(tokens, None if tokens is None else n * bt)
@@ -742,8 +743,9 @@ class Cache:
 
     def acquire(self, keys, tokens=None, restore=None, extra_slots=0, nowait=False):
         """Device slots for the keyed blocks plus extra_slots; the first `restore`
-        (default: all) are restored where cached. tokens: block_tokens ids per
-        block, verified against the stored ones (None: no verification).
+        (default: all) are restored where cached. tokens: the request's token
+        ids (at least block_tokens per keyed block; a trailing partial block
+        is ignored), verified against the stored ones (None: no verification).
         Returns a Request. May block while evicted blocks are copied down
         (never with nowait=True: KvtError EAGAIN instead)."""
         kp, n, karr = _as_keys(keys)
