@@ -19,8 +19,23 @@
  *    cache. Functions marked "may block" wait for copies or I/O.
  *  - Callbacks: none. kvtier never calls into the engine from its threads;
  *    completion is learned by polling or waiting.
- *  - Structs the engine fills have an *_init() that sets defaults and the
- *    `size` field; set fields after calling it. Structs only ever grow.
+ *  - Structs only ever grow, and `size` says which version the caller was
+ *    built with. Structs the engine fills have an *_init() that sets the
+ *    defaults and `size`; set fields after calling it. Any size from the
+ *    struct's first version (KVT_*_SIZE_V1) up is accepted: fields the
+ *    caller's version lacks take their defaults, and a larger size is
+ *    accepted when every byte this library does not know is zero (else
+ *    KVT_EVERSION, as for a size below the first version). Structs the
+ *    library fills (stats, lookup results, acquire info, plans): the caller
+ *    sets `size`; at most that many bytes are written and `size` becomes the
+ *    bytes written (fields past it are left untouched).
+ *  - fork(): a cache belongs to the process that opened it. In a child,
+ *    every call on an inherited cache returns KVT_EFORKED (its threads and
+ *    transfers stayed in the parent) and kvt_close frees nothing; open a new
+ *    cache in the child (with another disk_path: the parent keeps its file).
+ *    Python engines using multiprocessing's "fork" start method hit this.
+ *  - Logging: the library never writes to stdout or stderr. Install a
+ *    handler with kvt_set_log_handler to see its warnings.
  *  - Memory: block slots, jobs and requests are allocated at open / layout
  *    registration; lookup, acquire, commit, release and the copy paths do not
  *    allocate.
@@ -71,7 +86,9 @@ KVT_API int kvt_version_number(void);
   XX(KVT_ENOJOB, -3012, "unknown, finished-and-released, or foreign job or request handle") \
   XX(KVT_EUNSUPPORTED, -3013, "not supported by this backend or build")                     \
   XX(KVT_ENAMESPACE, -3014, "stored data belongs to another model, layout or format")       \
-  XX(KVT_ETIMEDOUT, -3015, "timed out before the transfer finished")
+  XX(KVT_ETIMEDOUT, -3015, "timed out before the transfer finished")                      \
+  XX(KVT_EFORKED, -3016, "cache belongs to the parent process: a forked child cannot use it") \
+  XX(KVT_ELOCKED, -3017, "disk file is in use by another open cache")
 
 enum {
 #define KVT_XX_ENUM(name, value, text) name = (value),
@@ -81,6 +98,16 @@ enum {
 
 /* A static string for any return code (0, 1, -errno, KVT_E*). Never NULL. */
 KVT_API const char *kvt_strerror(int code);
+
+/* Log levels of kvt_set_log_handler messages. */
+enum { KVT_LOG_ERROR = 0, KVT_LOG_WARN = 1, KVT_LOG_INFO = 2 };
+typedef void (*kvt_log_fn)(void *ctx, int level, const char *msg);
+/* Installs the process-wide log handler (NULL: none, the default). It is
+ * called on whichever thread notices the event (library threads included:
+ * the one documented exception to "no callbacks"), with a one-line message
+ * and no kvtier lock held; it must not call back into the cache. Messages:
+ * disk I/O fallbacks, a disk tier started fresh, preallocation failures. */
+KVT_API void kvt_set_log_handler(kvt_log_fn fn, void *ctx);
 
 /* ------------------------------------------------------------------ */
 /* Keys                                                                */
@@ -164,6 +191,9 @@ typedef struct kvt_config {
   uint32_t max_job_blocks;   /* blocks one transfer may carry (8192) */
 } kvt_config;
 
+/* Size of each struct's first version: the smallest `size` accepted. */
+#define KVT_CONFIG_SIZE_V1 (offsetof(kvt_config, max_job_blocks) + sizeof(uint32_t))
+
 KVT_API void kvt_config_init(kvt_config *cfg);
 
 /* ------------------------------------------------------------------ */
@@ -193,6 +223,7 @@ typedef struct kvt_layout {
 } kvt_layout;
 
 #define KVT_LAYOUT_METADATA_ONLY 0x1u
+#define KVT_LAYOUT_SIZE_V1 (offsetof(kvt_layout, flags) + sizeof(uint32_t))
 
 KVT_API void kvt_layout_init(kvt_layout *layout);
 
@@ -214,8 +245,18 @@ KVT_API int kvt_open(const kvt_config *cfg, kvt_cache **out);
  * Computes the namespace (config + layout geometry), allocates the host
  * pool (pinned through the device backend when it can), and recovers the
  * disk tier's blocks written under the same namespace. Once per cache.
- * The segments array is copied. May block. After a failure the cache can
- * only be closed (a second call returns KVT_ESTATE). */
+ * The segments array is copied. May block.
+ * Layout rules (else -EINVAL, the cache unchanged and the call may be
+ * repeated): every segment's slots, base + s * stride for s < num_slots plus
+ * bytes, lie inside the address space (spans below 2^56 bytes); no two
+ * segments share a byte in any slot (interleaved segments of one stride are
+ * fine); a block's bytes (sum over segments) are at most 1 GiB.
+ * Returns 0, -EINVAL, KVT_EVERSION (struct size), -E2BIG (more than 2^30
+ * slots in all), KVT_ENODEV, -ENOMEM, or for the disk tier -errno (the
+ * path cannot be opened, created or preallocated: -ENOENT, -EACCES,
+ * -ENOSPC...), KVT_ELOCKED (another open cache holds disk_path).
+ * kvt_error_detail() names the segment or path at fault. After a failure
+ * past validation the cache can only be closed (KVT_ESTATE). */
 KVT_API int kvt_register_layout(kvt_cache *c, const kvt_layout *layout);
 
 /* Waits for every transfer in flight, then frees everything. NULL is fine. */
@@ -223,6 +264,11 @@ KVT_API void kvt_close(kvt_cache *c);
 
 /* Bytes of one block (sum of segment bytes over layers); 0 for metadata-only. */
 KVT_API size_t kvt_block_bytes(const kvt_cache *c);
+/* Why the last failed kvt_register_layout failed, naming the path or the
+ * segment at fault ("disk_path /x: cannot open: Permission denied"), or ""
+ * when it did not fail. Valid until the next kvt_register_layout or
+ * kvt_close of this cache; like kvt_register_layout it must not race them. */
+KVT_API const char *kvt_error_detail(const kvt_cache *c);
 /* The namespace key (valid after kvt_register_layout). */
 KVT_API int kvt_namespace(const kvt_cache *c, kvt_key *ns);
 /* Name of the device backend in use ("host", "cuda") and of the disk backend
@@ -262,6 +308,7 @@ typedef struct kvt_lookup_result {
   /* The prefix's blocks counted by the fastest tier holding each. */
   uint32_t n_device, n_host, n_disk;
 } kvt_lookup_result;
+#define KVT_LOOKUP_RESULT_SIZE_V1 (offsetof(kvt_lookup_result, n_disk) + sizeof(uint32_t))
 
 /* Longest cached prefix of keys[0..n), split by tier. No side effects: it
  * neither pins nor touches, so a scheduler may ask again later. Optional
@@ -270,6 +317,10 @@ KVT_API int kvt_lookup(kvt_cache *c, const kvt_key *keys, size_t n, kvt_lookup_r
                        uint8_t *tier_of_block);
 
 #include "kvtier/cost.h"
+
+#define KVT_MODEL_DESC_SIZE_V1 (offsetof(kvt_model_desc, v_head_dim) + sizeof(uint32_t))
+#define KVT_HW_DESC_SIZE_V1 (offsetof(kvt_hw_desc, overlap) + sizeof(int))
+#define KVT_PLAN_SIZE_V1 (offsetof(kvt_plan, in_overlap) + sizeof(int))
 
 /* Plans a request of n_tokens tokens whose full blocks have keys[0..n_blocks):
  * looks the prefix up and asks the cost model (kvt_set_cost_model) how many
@@ -288,6 +339,7 @@ typedef struct kvt_acquire_info {
   uint32_t n_loading;    /* of which copied from host or disk */
   uint32_t n_from_disk;  /* of which fetched from disk first */
 } kvt_acquire_info;
+#define KVT_ACQUIRE_INFO_SIZE_V1 (offsetof(kvt_acquire_info, n_from_disk) + sizeof(uint32_t))
 
 #define KVT_ACQUIRE_NOWAIT 0x1u /* KVT_EAGAIN instead of waiting for evictions */
 
@@ -430,6 +482,7 @@ typedef struct kvt_stats {
   uint64_t metadata_bytes; /* tier map, jobs and requests */
   uint64_t jobs_cancelled;
 } kvt_stats;
+#define KVT_STATS_SIZE_V1 offsetof(kvt_stats, jobs_cancelled)
 
 KVT_API int kvt_get_stats(kvt_cache *c, kvt_stats *st);
 

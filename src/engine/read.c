@@ -10,11 +10,13 @@
 #include "core/hash.h"
 #include "engine/engine.h"
 #include "store/record.h"
+#include "util/abi.h"
 #include "util/clock.h"
 
 #define KVT__REQ_CHECK(c)                      \
   do {                                         \
     if (!(c)) return -EINVAL;                  \
+    if (kvt__forked(c)) return KVT_EFORKED;    \
     if (!(c)->layout_ready) return KVT_ELAYOUT; \
   } while (0)
 
@@ -60,16 +62,19 @@ static uint32_t lookup_locked(kvt_cache *c, const kvt_key *keys, size_t n, kvt_l
 
 int kvt_lookup(kvt_cache *c, const kvt_key *keys, size_t n, kvt_lookup_result *res, uint8_t *tier_of_block) {
   KVT__REQ_CHECK(c);
-  if ((n && !keys) || !res || res->size < sizeof *res || n > UINT32_MAX) return -EINVAL;
+  if ((n && !keys) || !res || n > UINT32_MAX) return -EINVAL;
+  if (res->size < KVT_LOOKUP_RESULT_SIZE_V1) return KVT_EVERSION;
+  kvt_lookup_result full = {.size = sizeof full};
   pthread_mutex_lock(&c->lock);
-  lookup_locked(c, keys, n, res, tier_of_block);
+  lookup_locked(c, keys, n, &full, tier_of_block);
   pthread_mutex_unlock(&c->lock);
-  return 0;
+  return kvt__struct_out(res, &full, sizeof full, KVT_LOOKUP_RESULT_SIZE_V1);
 }
 
 int kvt_plan_request(kvt_cache *c, const kvt_key *keys, size_t n_blocks, size_t n_tokens, kvt_plan *plan) {
   KVT__REQ_CHECK(c);
-  if ((n_blocks && !keys) || !plan || plan->size < sizeof *plan) return -EINVAL;
+  if ((n_blocks && !keys) || !plan) return -EINVAL;
+  if (plan->size < KVT_PLAN_SIZE_V1) return KVT_EVERSION;
   if (n_blocks > (size_t)n_tokens / c->bt) return -EINVAL;
   if (n_blocks > c->cfg.max_job_blocks) return -E2BIG;
   pthread_mutex_lock(&c->lock);
@@ -80,11 +85,10 @@ int kvt_plan_request(kvt_cache *c, const kvt_key *keys, size_t n_blocks, size_t 
   uint32_t prefix = lookup_locked(c, keys, n_blocks, NULL, c->scratch_tiers);
   kvt_hw_desc hw;
   kvt__calib_hw(&c->calib, &hw);
-  uint32_t size = plan->size;
-  int rc = kvt_cost_plan(&c->model, &hw, c->bt, n_tokens, prefix, c->scratch_tiers, plan);
-  plan->size = size;
+  kvt_plan full = {.size = sizeof full};
+  int rc = kvt_cost_plan(&c->model, &hw, c->bt, n_tokens, prefix, c->scratch_tiers, &full);
   pthread_mutex_unlock(&c->lock);
-  return rc;
+  return rc ? rc : kvt__struct_out(plan, &full, sizeof full, KVT_PLAN_SIZE_V1);
 }
 
 /* ---- requests ---- */
@@ -237,7 +241,6 @@ static int acquire_args_ok(const kvt_cache *c, const kvt_key *keys, size_t n_blo
                            size_t extra, const kvt_req *req, const uint32_t *slots,
                            const kvt_acquire_info *info) {
   if ((n_blocks && !keys) || !req || !slots || restore > n_blocks) return 0;
-  if (info && info->size < sizeof *info) return 0;
   return n_blocks + extra > 0;
 }
 
@@ -309,6 +312,7 @@ int kvt_acquire(kvt_cache *c, const kvt_key *keys, const uint32_t *tokens, size_
                 size_t extra_slots, uint32_t flags, kvt_req *req, uint32_t *slots, kvt_acquire_info *info) {
   KVT__REQ_CHECK(c);
   if (!acquire_args_ok(c, keys, n_blocks, restore, extra_slots, req, slots, info)) return -EINVAL;
+  if (info && info->size < KVT_ACQUIRE_INFO_SIZE_V1) return KVT_EVERSION;
   uint64_t limit = c->cap[KVT__T_DEV] < c->cfg.max_job_blocks ? c->cap[KVT__T_DEV] : c->cfg.max_job_blocks;
   if (n_blocks > limit || extra_slots > limit - n_blocks) return -E2BIG; /* no wrap-around */
   int may_wait = !(flags & KVT_ACQUIRE_NOWAIT), rc = 0;
@@ -354,10 +358,8 @@ int kvt_acquire(kvt_cache *c, const kvt_key *keys, const uint32_t *tokens, size_
   c->st.misses += n_blocks - sr.n;
   *req = ((uint64_t)rq->gen << 32) | (r + 1);
   if (info) {
-    info->n_restore = sr.n;
-    info->n_device_hits = sr.per_tier[KVT__T_DEV];
-    info->n_loading = n_copy;
-    info->n_from_disk = sr.per_tier[KVT__T_DISK];
+    kvt_acquire_info full = {sizeof full, sr.n, sr.per_tier[KVT__T_DEV], n_copy, sr.per_tier[KVT__T_DISK]};
+    kvt__struct_out(info, &full, sizeof full, KVT_ACQUIRE_INFO_SIZE_V1);
   }
   pthread_mutex_unlock(&c->lock);
   kvt__flush_submits(c);

@@ -350,7 +350,7 @@ static int open_file(kvt__disk *d, const char *path) {
     if (errno != EWOULDBLOCK) return -errno;
     nanosleep(&(struct timespec){0, 10000000}, NULL);
   }
-  return KVT_EBUSY;
+  return KVT_ELOCKED;
 }
 
 static int check_cfg(const kvt__disk_cfg *c) {

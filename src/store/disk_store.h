@@ -14,7 +14,7 @@
  * nothing, unless cfg->reset = 1, which discards the old contents. A
  * superblock that fails its checksum returns KVT_ECORRUPT (reset clears it).
  * The file is flock()ed: a second opener waits up to ~1 s (a crashed
- * owner's ring may still be draining), then gets KVT_EBUSY.
+ * owner's ring may still be draining), then gets KVT_ELOCKED.
  *
  * Recovery runs inside kvt__disk_open: every slot is read in batches
  * through the backend and checked (header, tokens and, by default, payload
@@ -70,7 +70,7 @@ typedef struct kvt__disk_cfg {
 
 /* Opens (creating or extending) the file, checks its superblock, starts the
  * backend and recovers. Returns 0, -errno, KVT_ENAMESPACE, KVT_ECORRUPT,
- * KVT_EBUSY (another process holds the file). May block. */
+ * KVT_ELOCKED (another cache holds the file). May block. */
 int kvt__disk_open(const kvt__disk_cfg *cfg, kvt__disk **out);
 void kvt__disk_close(kvt__disk *d); /* waits for I/O in flight; NULL is fine */
 
