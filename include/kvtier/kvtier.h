@@ -189,6 +189,10 @@ typedef struct kvt_config {
   uint32_t max_requests;     /* concurrently acquired requests (1024) */
   uint32_t max_jobs;         /* transfers in flight, internal ones included (256) */
   uint32_t max_job_blocks;   /* blocks one transfer may carry (8192) */
+
+  /* Appended after the first version (KVT_CONFIG_SIZE_V1). */
+  int disk_durable;          /* 1: a block counts as on disk only once it is on stable
+                                storage (the file is opened O_DSYNC) (0) */
 } kvt_config;
 
 /* Size of each struct's first version: the smallest `size` accepted. */
@@ -481,6 +485,13 @@ typedef struct kvt_stats {
   uint64_t disk_recovered, disk_discarded; /* at kvt_register_layout */
   uint64_t metadata_bytes; /* tier map, jobs and requests */
   uint64_t jobs_cancelled;
+  /* At kvt_register_layout: the disk tier started empty because its
+   * superblock was damaged (or a block device held another namespace). */
+  uint64_t disk_fresh_starts;
+  /* At kvt_register_layout after disk_blocks changed: records moved below
+   * the new end, and records that did not fit (dropped). */
+  uint64_t disk_resize_moved, disk_resize_dropped;
+  uint64_t disk_recover_bytes; /* bytes read from the disk tier to recover it */
 } kvt_stats;
 #define KVT_STATS_SIZE_V1 offsetof(kvt_stats, jobs_cancelled)
 

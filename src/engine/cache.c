@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <math.h>
 
@@ -283,16 +284,36 @@ static void recovered_block(void *arg, uint64_t slot, const kvt_key *key, const 
   c->st.disk_recovered++;
 }
 
+/* A file of another namespace is left alone and a file of our own is made
+ * beside it; never beside a device (its folder is /dev, devtmpfs in RAM). */
+static int side_file_allowed(const char *path) {
+  struct stat sb;
+  return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+static int disk_open_at(kvt_cache *c, kvt__disk_cfg *dc, const char *path) {
+  dc->path = path;
+  int rc = kvt__disk_open(dc, &c->disk);
+  if (rc < 0 && !c->detail[0])
+    set_detail(c, "disk_path %s: %s", path, dc->detail[0] ? dc->detail : kvt_strerror(rc));
+  return rc;
+}
+
 static int open_disk(kvt_cache *c) {
   if (!c->disk_path || c->metadata_only) return 0;
+  char why[160] = "";
   c->disk_bufs[0] = c->host.base;
   c->disk_buf_lens[0] = c->host.bytes;
+  /* Recovery reads headers only: every fetch verifies the payload anyway,
+   * so reopening a full tier costs a fraction of its size, not all of it. */
   kvt__disk_cfg dc = {.path = c->disk_path, .slots = c->cap[KVT__T_DISK], .block_tokens = c->bt,
                       .payload_bytes = c->block_bytes, .ns = c->ns, .queue_depth = c->cfg.disk_queue_depth,
                       .backend = c->cfg.disk_backend, .reset = c->cfg.disk_reset,
-                      .bufs = c->disk_bufs, .buf_lens = c->disk_buf_lens, .n_bufs = c->host.base ? 1 : 0};
+                      .bufs = c->disk_bufs, .buf_lens = c->disk_buf_lens, .n_bufs = c->host.base ? 1 : 0,
+                      .recover_headers_only = 1, .durable = c->cfg.disk_durable,
+                      .detail = why, .detail_len = sizeof why};
   int rc = kvt__disk_open(&dc, &c->disk);
-  if (rc == KVT_ENAMESPACE && !c->cfg.disk_reset) {
+  if (rc == KVT_ENAMESPACE && !c->cfg.disk_reset && side_file_allowed(c->disk_path)) {
     /* Another model, layout or format owns that file: start clean in a
      * file of our own beside it and leave theirs untouched. */
     char *alt = malloc(strlen(c->disk_path) + 40);
@@ -301,8 +322,9 @@ static int open_disk(kvt_cache *c) {
     free(c->disk_path);
     c->disk_path = alt;
     c->cfg.disk_path = alt;
-    dc.path = alt;
-    rc = kvt__disk_open(&dc, &c->disk);
+    rc = disk_open_at(c, &dc, alt);
+  } else if (rc < 0) {
+    set_detail(c, "disk_path %s: %s", c->disk_path, why[0] ? why : kvt_strerror(rc));
   }
   if (rc < 0) return rc;
   recovery rv = {c, calloc(c->cap[KVT__T_DISK], 1)};
@@ -312,7 +334,13 @@ static int open_disk(kvt_cache *c) {
   c->st.disk_discarded = discarded;
   kvt__slots_rebuild(&c->slots[KVT__T_DISK], rv.used);
   free(rv.used);
-  return rc;
+  kvt__disk_stats ds;
+  kvt__disk_get_stats(c->disk, &ds);
+  c->st.disk_fresh_starts = ds.fresh_starts;
+  c->st.disk_resize_moved = ds.resize_moved;
+  c->st.disk_resize_dropped = ds.resize_dropped;
+  c->st.disk_recover_bytes = ds.recover_bytes;
+  return rc < 0 ? rc : 0;
 }
 
 int kvt_register_layout(kvt_cache *c, const kvt_layout *user) {

@@ -9,10 +9,17 @@
  * A slot whose 128-byte header is all zero is empty (never written, or a
  * tombstone). The file is preallocated (fallocate); a block device works too.
  *
- * Opening a file that holds another namespace, geometry or format version
- * (or is not a kvtier file at all) returns KVT_ENAMESPACE and touches
- * nothing, unless cfg->reset = 1, which discards the old contents. A
- * superblock that fails its checksum returns KVT_ECORRUPT (reset clears it).
+ * Opening a regular file that holds another namespace, geometry or format
+ * version (or is not a kvtier file at all) returns KVT_ENAMESPACE and
+ * touches nothing, unless cfg->reset = 1, which discards the old contents.
+ * A block device holding another kvtier namespace is taken over (started
+ * empty); one holding anything else is KVT_ENAMESPACE. Another slot count
+ * is a resize, not another namespace: records that fit are kept (moved
+ * below the new end when it shrinks). A damaged superblock (checksum, or a
+ * magic a few bits off) starts the tier empty, counted in fresh_starts.
+ * The file is preallocated in full (holes of a sparse file included);
+ * -ENOSPC when the filesystem cannot hold it, leaving the file as it was
+ * (a file the open created is removed).
  * The file is flock()ed: a second opener waits up to ~1 s (a crashed
  * owner's ring may still be draining), then gets KVT_ELOCKED.
  *
@@ -64,8 +71,12 @@ typedef struct kvt__disk_cfg {
   const void *const *bufs;   /* host pool memory to register with the backend */
   const size_t *buf_lens;
   uint32_t n_bufs;
-  int recover_headers_only;  /* 1: recovery reads slot prefixes only (fast on
-                                huge files); payloads are still verified on read */
+  int recover_headers_only;  /* 1: recovery reads each slot's header and tokens
+                                only (fast on huge files); payloads are still
+                                verified on read */
+  int durable;               /* 1: O_DSYNC, a completed write survives power loss */
+  char *detail;              /* optional: why an open failed, in words */
+  size_t detail_len;
 } kvt__disk_cfg;
 
 /* Opens (creating or extending) the file, checks its superblock, starts the
@@ -132,6 +143,9 @@ typedef struct kvt__disk_stats {
   uint64_t io_errors;                         /* -errno or short, at submit or completion */
   uint64_t retries;                           /* EAGAIN/EINTR completions resubmitted */
   uint64_t recovered, discarded, superseded;  /* at open */
+  uint64_t fresh_starts;                      /* at open: damaged superblock, started empty */
+  uint64_t resize_moved, resize_dropped;      /* at open after a slot count change */
+  uint64_t recover_bytes;                     /* bytes the open-time scan read */
 } kvt__disk_stats;
 
 void kvt__disk_get_info(const kvt__disk *d, kvt__disk_info *info);

@@ -17,6 +17,7 @@ typedef enum kvt__fault_site {
   KVT_FAULT_HOST_ALLOC,       /* host pool allocation */
   KVT_FAULT_PIN,              /* pinning of host memory (CUDA) */
   KVT_FAULT_ALLOC,            /* an engine allocation (arg: KVT_ALLOC_*) */
+  KVT_FAULT_PREALLOC,         /* disk file preallocation (arg: bytes wanted) */
   KVT_FAULT_SITE_COUNT
 } kvt__fault_site;
 
