@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "kv_fixture.h"
+#include "store/disk_store.h"
 #include "util/fault.h"
 
 #define BT 16
@@ -209,6 +210,35 @@ static void foreign_file_gets_a_side_file(void **state) {
   fixture_close(&f);
   assert_int_equal(file_size(disk_path), (off_t)sizeof junk);
   assert_int_equal(count_side_files("foreign"), 1);
+}
+
+/* ---- block devices ---- */
+
+/* A tier of another namespace gets a file beside it only when it is a
+ * regular file: beside a block device that file would land in /dev. */
+static void no_side_file_beside_a_device(void **state) {
+  kvt_config cfg = disk_config("plain", 4, 16);
+  fixture f;
+  fixture_open_cfg(&f, &cfg, 8);
+  fixture_close(&f);
+  assert_int_equal(kvt__disk_side_file_ok(disk_path), 1);
+  assert_int_equal(kvt__disk_side_file_ok(kvt_test_tmpdir()), 0);
+  assert_int_equal(kvt__disk_side_file_ok("/dev/null"), 0);
+  assert_int_equal(kvt__disk_side_file_ok("/nonexistent/x.kvt"), 0);
+  DIR *dev = opendir("/dev");
+  struct dirent *e;
+  int seen = 0;
+  char p[300];
+  struct stat sb;
+  while (dev && (e = readdir(dev)) && !seen) {
+    snprintf(p, sizeof p, "/dev/%s", e->d_name);
+    if (stat(p, &sb) == 0 && S_ISBLK(sb.st_mode)) {
+      assert_int_equal(kvt__disk_side_file_ok(p), 0);
+      seen = 1;
+    }
+  }
+  if (dev) closedir(dev);
+  if (!seen) print_message("no block device in /dev to check\n");
 }
 
 /* ---- preallocation ---- */
@@ -419,6 +449,7 @@ int main(void) {
       cmocka_unit_test(resize_keeps_what_fits),
       cmocka_unit_test(damaged_superblock_starts_empty),
       cmocka_unit_test(foreign_file_gets_a_side_file),
+      cmocka_unit_test(no_side_file_beside_a_device),
 #ifdef KVT_FAULT_INJECTION
       cmocka_unit_test(failed_preallocation_leaves_nothing),
 #endif

@@ -4,7 +4,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include <math.h>
 
@@ -284,13 +283,6 @@ static void recovered_block(void *arg, uint64_t slot, const kvt_key *key, const 
   c->st.disk_recovered++;
 }
 
-/* A file of another namespace is left alone and a file of our own is made
- * beside it; never beside a device (its folder is /dev, devtmpfs in RAM). */
-static int side_file_allowed(const char *path) {
-  struct stat sb;
-  return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
-}
-
 static int disk_open_at(kvt_cache *c, kvt__disk_cfg *dc, const char *path) {
   dc->path = path;
   int rc = kvt__disk_open(dc, &c->disk);
@@ -313,7 +305,7 @@ static int open_disk(kvt_cache *c) {
                       .recover_headers_only = 1, .durable = c->cfg.disk_durable,
                       .detail = why, .detail_len = sizeof why};
   int rc = kvt__disk_open(&dc, &c->disk);
-  if (rc == KVT_ENAMESPACE && !c->cfg.disk_reset && side_file_allowed(c->disk_path)) {
+  if (rc == KVT_ENAMESPACE && !c->cfg.disk_reset && kvt__disk_side_file_ok(c->disk_path)) {
     /* Another model, layout or format owns that file: start clean in a
      * file of our own beside it and leave theirs untouched. */
     char *alt = malloc(strlen(c->disk_path) + 40);

@@ -87,6 +87,11 @@ static int device_size(kvt__disk *d, uint64_t *size) {
   return ioctl(d->fd, BLKGETSIZE64, size) < 0 ? -errno : 0;
 }
 
+int kvt__disk_side_file_ok(const char *path) {
+  struct stat sb;
+  return path && stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
 static uint64_t bytes_for(const kvt__disk *d, uint64_t slots) { return d->data_off + slots * d->slot_bytes; }
 
 /* Refuses before allocating anything when the filesystem cannot hold the

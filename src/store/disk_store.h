@@ -125,6 +125,11 @@ int kvt__disk_invalidate(kvt__disk *d, uint64_t slot);
 /* The same, asynchronous: the slot may be reused once done() has run. */
 int kvt__disk_invalidate_async(kvt__disk *d, uint64_t slot, kvt__disk_done_fn done, void *arg);
 
+/* 1 if a tier of another namespace at `path` may be left alone and a file
+ * made beside it: only for an existing regular file. Never beside a block
+ * device (its folder is /dev, a devtmpfs in RAM). */
+int kvt__disk_side_file_ok(const char *path);
+
 /* "io_uring" or "threads". */
 const char *kvt__disk_backend_name(const kvt__disk *d);
 
