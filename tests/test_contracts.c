@@ -6,7 +6,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "engine/engine.h"
 #include "kv_fixture.h"
+#include "kvtier/backend.h"
 #include "util/fault.h"
 
 #define BT 16
@@ -343,6 +345,110 @@ static void namespace_allocation_failure_fails_registration(void **state) {
 }
 #endif
 
+/* ---- per-block load results ---- */
+
+#ifdef KVT_FAULT_INJECTION
+static int fail_h2d(void *ctx, int site, int64_t arg) {
+  return site == KVT_FAULT_DEV_COMPLETE && arg == KVT_XFER_H2D ? -EIO : 0;
+}
+
+/* Block 0 only on the host, block 1 on the device (shared). When block 0's
+ * load fails, n_ready = 0, and the engine recomputes [0, 2): block 1's slot
+ * must then be the request's own, not the shared one another request may
+ * be reading. The per-block states say which load failed. */
+static void a_failed_load_never_hands_out_a_shared_slot(void **state) {
+  fixture f;
+  fixture_open(&f, 8, 8);
+  kvt_key k[3];
+  uint32_t t[3 * BT];
+  fixture_keys(&f, 7, 3, k, t);
+  run_request(&f, k, t, 3, 7);
+  fixture_offload(&f, k, 1); /* block 0 -> host; blocks 1, 2 stay on the device */
+  uint32_t e1 = kvt__index_find(&f.c->map, &k[1]);
+  assert_int_not_equal(e1, KVT__NONE);
+  uint32_t shared = kvt__E(f.c, e1)->slot[0];
+  assert_int_equal(kvt__E(f.c, e1)->state[0], KVT__VALID);
+  kvt__fault_set(fail_h2d, NULL);
+  kvt_req r;
+  uint32_t slots[3], ready = 99;
+  kvt_acquire_info info = {.size = sizeof info};
+  assert_int_equal(kvt_acquire(f.c, k, t, 3, 3, 0, 0, &r, slots, &info), 1);
+  uint8_t st[3] = {9, 9, 9};
+  assert_int_equal(kvt_request_wait(f.c, r, -1, &ready), 0);
+  kvt__fault_set(NULL, NULL);
+  assert_int_equal(ready, 0);
+  assert_int_equal(info.n_restore, 1); /* restoring stopped before the shared hit */
+  assert_int_equal(info.n_device_hits, 0);
+  for (int i = 0; i < 3; i++) assert_int_not_equal(slots[i], shared);
+  assert_int_equal(kvt_request_block_states(f.c, r, st, 3), 0);
+  assert_int_equal(st[0], KVT_BLOCK_FAILED);
+  assert_int_equal(st[1], KVT_BLOCK_COMPUTE);
+  assert_int_equal(st[2], KVT_BLOCK_COMPUTE);
+  assert_int_equal(kvt_request_block_states(f.c, r, st, 4), -EINVAL);
+  /* The engine recomputes into its own slots; the shared copy is intact. */
+  for (int i = 0; i < 3; i++) fixture_write(&f, slots[i], block_seed(7, (uint32_t)i) ^ 0xdead);
+  assert_true(fixture_check(&f, shared, block_seed(7, 1)));
+  assert_int_equal(kvt_release(f.c, r), 0);
+  fixture_close(&f);
+}
+#endif
+
+/* A leading run of device hits is still shared and READY. */
+static void block_states_after_a_clean_restore(void **state) {
+  fixture f;
+  fixture_open(&f, 8, 8);
+  kvt_key k[3];
+  uint32_t t[3 * BT];
+  fixture_keys(&f, 8, 3, k, t);
+  run_request(&f, k, t, 2, 8);
+  kvt_req r;
+  uint32_t slots[3];
+  assert_int_equal(kvt_acquire(f.c, k, t, 3, 3, 0, 0, &r, slots, NULL), 0);
+  uint8_t st[3];
+  assert_int_equal(kvt_request_block_states(f.c, r, st, 3), 0);
+  assert_int_equal(st[0], KVT_BLOCK_READY);
+  assert_int_equal(st[1], KVT_BLOCK_READY);
+  assert_int_equal(st[2], KVT_BLOCK_COMPUTE);
+  assert_int_equal(kvt_release(f.c, r), 0);
+  assert_int_equal(kvt_request_block_states(f.c, r, st, 3), KVT_ENOJOB);
+  fixture_close(&f);
+}
+
+/* ---- keys that continue a chain ---- */
+
+/* A tail (blocks 2, 3 hashed with block 1's key as parent) acquired with
+ * its parent is cached under that parent: the full chain then restores all
+ * four blocks (it restored 2, the tail being recorded as if it started the
+ * sequence). */
+static void a_tail_acquired_after_its_parent_joins_the_chain(void **state) {
+  fixture f;
+  fixture_open(&f, 8, 8);
+  kvt_key k[4];
+  uint32_t t[4 * BT];
+  fixture_keys(&f, 9, 4, k, t);
+  run_request(&f, k, t, 2, 9); /* blocks 0, 1 */
+  kvt_key tail[2];
+  size_t nk = 0;
+  assert_int_equal(kvt_hash_tokens(f.c, &k[1], t + 2 * BT, 2 * BT, tail, 2, &nk), 0);
+  assert_memory_equal(tail, k + 2, sizeof tail);
+  kvt_req r;
+  uint32_t slots[2];
+  assert_int_equal(kvt_acquire_after(f.c, &k[1], tail, t + 2 * BT, 2, 2, 0, 0, &r, slots, NULL), 0);
+  fixture_write(&f, slots[0], block_seed(9, 2));
+  fixture_write(&f, slots[1], block_seed(9, 3));
+  assert_int_equal(kvt_commit(f.c, r, 2, NULL), 0);
+  assert_int_equal(kvt_release(f.c, r), 0);
+  assert_int_equal(fixture_lookup(&f, k, 4).n_prefix, 4);
+  assert_int_equal(run_request(&f, k, t, 4, 9), 4);
+  /* The same tail through kvt_acquire (no parent) finds nothing. */
+  assert_int_equal(kvt_acquire(f.c, tail, t + 2 * BT, 2, 2, 0, 0, &r, slots, NULL), 0);
+  uint8_t st[2];
+  assert_int_equal(kvt_request_block_states(f.c, r, st, 2), 0);
+  assert_int_equal(st[0], KVT_BLOCK_COMPUTE);
+  assert_int_equal(kvt_release(f.c, r), 0);
+  fixture_close(&f);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(config_of_the_first_version_opens),
@@ -358,9 +464,12 @@ int main(void) {
       cmocka_unit_test(metadata_bytes_count_the_request_table),
       cmocka_unit_test(locked_disk_file_says_so),
       cmocka_unit_test(bad_disk_path_is_named_in_the_detail),
+      cmocka_unit_test(block_states_after_a_clean_restore),
+      cmocka_unit_test(a_tail_acquired_after_its_parent_joins_the_chain),
 #ifdef KVT_FAULT_INJECTION
       cmocka_unit_test(open_out_of_memory_is_clean),
       cmocka_unit_test(namespace_allocation_failure_fails_registration),
+      cmocka_unit_test(a_failed_load_never_hands_out_a_shared_slot),
 #endif
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "kv_fixture.h"
+#include "kvtier/backend.h"
 #include "store/disk_store.h"
 #include "util/fault.h"
 
@@ -399,6 +400,50 @@ static void restart_rebuilds_lru_in_write_order(void **state) {
   fixture_close(&f);
 }
 
+/* ---- a disk copy that cannot be read ---- */
+
+#ifdef KVT_FAULT_INJECTION
+static int fail_reads(void *ctx, int site, int64_t arg) {
+  return site == KVT_FAULT_IO_SUBMIT && arg == KVT_IO_READ ? -EIO : 0;
+}
+
+/* A's disk copies cannot be read (a bad sector). They leave the disk at
+ * the first failure, so the recomputed copies are written anew, and once
+ * the bad region is gone from the file (truncated under the cache) A still
+ * comes back from disk byte-exact. The bad copies used to stay: every
+ * later request failed its read and recomputed, for the life of the cache. */
+static void unreadable_disk_copy_is_dropped_and_rewritten(void **state) {
+  kvt_config cfg = disk_config("unreadable", 4, 32);
+  cfg.disk_reset = 1;
+  fixture f;
+  fixture_open_cfg(&f, &cfg, 8);
+  kvt_key k[2][4];
+  uint32_t t[2][4 * BT];
+  fill_convs(&f, 700, 2, k, t); /* A on disk, B on the host */
+  assert_int_equal(fixture_lookup(&f, k[0], 4).n_disk, 4);
+  kvt__fault_set(fail_reads, NULL);
+  fixture_scribble(&f);
+  assert_int_equal(run_request(&f, k[0], t[0], 4, 700), 0); /* recomputes all four */
+  kvt__fault_set(NULL, NULL);
+  assert_true(fixture_stats(&f).io_errors >= 1);
+  kvt_lookup_result lr = fixture_lookup(&f, k[0], 4);
+  assert_int_equal(lr.n_device, 4);
+  assert_int_equal(lr.n_disk, 0);
+  assert_int_equal(truncate(disk_path, 4096), 0); /* the old records are gone for good */
+  fixture_offload(&f, k[0], 4);                  /* A to the host ... */
+  kvt_key b2[4];
+  uint32_t tb2[4 * BT];
+  fixture_keys(&f, 710, 4, b2, tb2);
+  run_request(&f, b2, tb2, 4, 710);
+  fixture_offload(&f, b2, 4); /* ... and on to disk, written anew */
+  kvt_drain(f.c);
+  assert_int_equal(fixture_lookup(&f, k[0], 4).n_disk, 4);
+  fixture_scribble(&f);
+  assert_int_equal(run_request(&f, k[0], t[0], 4, 700), 4);
+  fixture_close(&f);
+}
+#endif
+
 /* ---- durability ---- */
 
 static int fd_flags_of(const char *path) {
@@ -456,6 +501,9 @@ int main(void) {
       cmocka_unit_test(sparse_file_is_preallocated),
       cmocka_unit_test(reopen_reads_headers_only),
       cmocka_unit_test(restart_rebuilds_lru_in_write_order),
+#ifdef KVT_FAULT_INJECTION
+      cmocka_unit_test(unreadable_disk_copy_is_dropped_and_rewritten),
+#endif
       cmocka_unit_test(durable_mode_syncs_every_write),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -362,11 +362,36 @@ KVT_API int kvt_acquire(kvt_cache *c, const kvt_key *keys, const uint32_t *token
                         size_t restore, size_t extra_slots, uint32_t flags, kvt_req *req,
                         uint32_t *slots, kvt_acquire_info *info);
 
+/* kvt_acquire for keys that continue a chain: keys[0]'s parent is *parent
+ * (the key of the block before it, e.g. from an earlier request), not the
+ * namespace. kvt_acquire, kvt_lookup and kvt_plan_request take keys that
+ * start the sequence: a tail passed to them is looked up and cached as if
+ * its first block had no predecessor, so it neither finds nor leaves
+ * entries the full chain can use. parent NULL is kvt_acquire. */
+KVT_API int kvt_acquire_after(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, const uint32_t *tokens,
+                              size_t n_blocks, size_t restore, size_t extra_slots, uint32_t flags, kvt_req *req,
+                              uint32_t *slots, kvt_acquire_info *info);
+
 /* Load progress of a request. *n_ready (may be NULL) receives the number of
  * leading blocks whose KV is valid on the device: when the call returns 0
- * it is final, and blocks [n_ready, n_restore) failed to load (I/O error,
- * checksum, mismatch) and must be recomputed into the slots they were given. */
+ * it is final, and blocks [n_ready, n_blocks) must be computed into the
+ * slots they were given. Every one of those slots is the request's own:
+ * a device hit (a slot shared with other requests) is only ever restored
+ * in the leading run before the first block that is copied, so a failed
+ * copy never leaves a shared slot after n_ready. */
 KVT_API int kvt_request_poll(kvt_cache *c, kvt_req req, uint32_t *n_ready);
+
+/* Per-block outcome of a request's restore (kvt_request_block_states). */
+enum {
+  KVT_BLOCK_READY = 0,   /* holds valid KV (restored or a device hit): do not write it */
+  KVT_BLOCK_FAILED = 1,  /* its copy failed (I/O error, checksum, mismatch): compute it */
+  KVT_BLOCK_COMPUTE = 2  /* not restored (a miss, past the plan, or cancelled after a failure): compute it */
+};
+/* states[0..n) (n <= the request's keyed blocks) receive KVT_BLOCK_* per
+ * block once the loads are over: [0, n_ready) READY, the rest FAILED or
+ * COMPUTE, all in slots of the request's own. Returns 0, 1 while loads are
+ * in flight (nothing written), KVT_ENOJOB, -EINVAL. Never blocks. */
+KVT_API int kvt_request_block_states(kvt_cache *c, kvt_req req, uint8_t *states, size_t n);
 /* As poll, but waits (timeout_ns < 0: forever; else KVT_ETIMEDOUT). May block. */
 KVT_API int kvt_request_wait(kvt_cache *c, kvt_req req, int64_t timeout_ns, uint32_t *n_ready);
 /* 0 when layer `layer` of every loading block has landed, 1 if not yet. */

@@ -64,6 +64,7 @@ typedef struct kvt__ref {
   uint32_t entry; /* entry whose device copy this request pins, or NONE (private slot) */
   uint32_t slot;  /* device slot */
   uint8_t tier;   /* restored blocks: the tier it is restored from */
+  uint8_t failed; /* its load failed (kvt_request_block_states) */
 } kvt__ref;
 
 typedef struct kvt__request {
@@ -72,6 +73,7 @@ typedef struct kvt__request {
   uint32_t n_blocks, n_extra, n_restore, n_committed;
   uint32_t job;   /* load job in flight, or KVT__NONE */
   uint32_t ref0;  /* first ref in c->refs (a contiguous run) */
+  kvt_key parent; /* key before block 0: the namespace, or kvt_acquire_after's parent */
 } kvt__request;
 
 struct kvt_cache {
