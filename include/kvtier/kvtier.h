@@ -172,12 +172,36 @@ typedef struct kvt_config {
   uint64_t host_blocks;      /* slots in the pinned host pool; 0 = no host tier */
   int host_mlock;            /* mlock the host pool when no CUDA pinning (0) */
 
-  /* Disk tier (T2). A file that holds another namespace or format (another
-   * model, layout, rank, tenant or kvtier version) is left untouched and
-   * kvtier starts clean in "<disk_path>.<namespace hex>" beside it; with
-   * disk_reset = 1 the file's old contents are discarded instead. Blocks
-   * whose write completed survive a restart with the same path and
-   * namespace; blocks only in RAM do not. */
+  /* Disk tier (T2): a file (preallocated in full, holes of a sparse file
+   * included; kvt_register_layout fails with -ENOSPC, leaving the file as
+   * it was, when the filesystem cannot hold it) or a block device.
+   * - Another namespace or format (another model, layout, rank, tenant or
+   *   kvtier version): a regular file is left untouched and kvtier starts
+   *   clean in "<disk_path>.<namespace hex>" beside it; a block device
+   *   holding another kvtier namespace is taken over (started empty; never
+   *   a file beside it), one holding other data is refused (KVT_ENAMESPACE).
+   *   disk_reset = 1 discards whatever the path holds instead.
+   * - Resize: another disk_blocks for the same namespace is not another
+   *   namespace. Growing keeps every block; shrinking keeps what fits
+   *   (blocks past the new end move into free slots below it, newest
+   *   first) and drops the rest (stats: disk_resize_moved/_dropped); a file
+   *   follows the new size.
+   * - A damaged superblock starts the tier empty in place: counted in
+   *   disk_fresh_starts and logged, never an error.
+   * - Reopen cost: kvt_register_layout reads each slot's record header and
+   *   token ids only (512 B per slot where the file takes direct reads of
+   *   512 B, else 4 KiB), never payloads: a fetch verifies the payload's
+   *   checksum anyway. A full 1 GiB tier of 64 KiB blocks reads 7.9 MB
+   *   (1/136 of it); of 4 KiB blocks, 1/16. Records whose payload was torn
+   *   by a crash are found at their first fetch, a counted miss.
+   * - Durability: a block is "on disk" once its record write completed.
+   *   Such blocks survive a process crash or kill with the same path and
+   *   namespace. By default records are not flushed from the OS's cache:
+   *   after a power loss or kernel crash recent blocks may be missing (never
+   *   wrong: every record is checksummed). disk_durable = 1 opens the file
+   *   O_DSYNC, so a write completes only once it is on stable storage and
+   *   completed blocks survive power loss too (at a cost in spill throughput
+   *   that depends on the drive). Blocks only in RAM survive nothing. */
   const char *disk_path;     /* file or block device; NULL = no disk tier */
   uint64_t disk_blocks;      /* record slots on disk */
   uint32_t disk_queue_depth; /* in-flight I/Os (32) */
@@ -483,7 +507,9 @@ KVT_API int kvt_set_cost_model(kvt_cache *c, const kvt_model_desc *model, const 
  * Later plans follow such reports (EWMA). Transfers the library runs are
  * measured and fed back the same way. */
 KVT_API int kvt_report_prefill(kvt_cache *c, uint64_t from_token, uint64_t to_token, double seconds);
-/* The hardware description as calibrated so far. */
+/* The hardware description as calibrated so far: a whole kvt_hw_desc of
+ * this library's version (its size field set); the caller's size is not
+ * read. KVT_ESTATE before kvt_set_cost_model. */
 KVT_API int kvt_get_calibrated_hw(kvt_cache *c, kvt_hw_desc *hw);
 
 /* ------------------------------------------------------------------ */

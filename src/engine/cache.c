@@ -193,10 +193,6 @@ static int layout_ok(kvt_cache *c, const kvt_layout *l) {
     set_detail(c, "more than 65536 segments");
     return -EINVAL;
   }
-  if (l->flags & ~KVT_LAYOUT_METADATA_ONLY) {
-    set_detail(c, "unknown layout flags 0x%x", l->flags);
-    return -EINVAL;
-  }
   if (l->flags & KVT_LAYOUT_METADATA_ONLY) return 0;
   if (!l->segments) {
     set_detail(c, "segments is NULL without KVT_LAYOUT_METADATA_ONLY");
@@ -535,12 +531,9 @@ int kvt_report_prefill(kvt_cache *c, uint64_t from_token, uint64_t to_token, dou
 int kvt_get_calibrated_hw(kvt_cache *c, kvt_hw_desc *hw) {
   if (!c || !hw) return -EINVAL;
   if (kvt__forked(c)) return KVT_EFORKED;
-  if (hw->size < KVT_HW_DESC_SIZE_V1) return KVT_EVERSION;
-  kvt_hw_desc full;
   pthread_mutex_lock(&c->lock);
   int rc = c->have_cost ? 0 : KVT_ESTATE;
-  if (rc == 0) kvt__calib_hw(&c->calib, &full);
+  if (rc == 0) kvt__calib_hw(&c->calib, hw);
   pthread_mutex_unlock(&c->lock);
-  full.size = sizeof full;
-  return rc ? rc : kvt__struct_out(hw, &full, sizeof full, KVT_HW_DESC_SIZE_V1);
+  return rc;
 }

@@ -315,7 +315,7 @@ int kvt__disk_recover(kvt__disk *d,
   d->recovered = 1;
   /* Oldest write first: a caller that puts each block at the recent end of
    * an LRU list rebuilds it in write order (tails before their ancestors). */
-  qsort(d->found, d->n_found, sizeof *d->found, seq_order);
+  if (d->n_found) qsort(d->found, d->n_found, sizeof *d->found, seq_order);
   for (uint64_t i = 0; i < d->n_found; i++) fn(arg, d->found[i].slot, &d->found[i].key, &d->found[i].parent);
   if (discarded) *discarded = d->discarded;
   int n = d->n_found > INT32_MAX ? INT32_MAX : (int)d->n_found;
@@ -460,7 +460,7 @@ int kvt__disk_open(const kvt__disk_cfg *cfg, kvt__disk **out) {
   rc = open_steps(d, cfg);
   if (rc) {
     /* A file this open created holds nothing of anyone's: leave no trace. */
-    if (d->created && cfg->path) unlink(cfg->path);
+    if (d->created && cfg->path && rc != KVT_ELOCKED) unlink(cfg->path);
     kvt__disk_close(d);
     return rc;
   }
