@@ -204,13 +204,13 @@ typedef struct kvt_config {
    *   that depends on the drive). Blocks only in RAM survive nothing. */
   const char *disk_path;     /* file or block device; NULL = no disk tier */
   uint64_t disk_blocks;      /* record slots on disk */
-  uint32_t disk_queue_depth; /* in-flight I/Os (32) */
+  uint32_t disk_queue_depth; /* in-flight I/Os (32; 1..4096, checked by kvt_open) */
   kvt_disk_backend disk_backend; /* KVT_DISK_AUTO */
   int disk_reset;            /* 1: discard whatever the file holds (0) */
   kvt_write_policy write_policy; /* KVT_WRITE_BACK */
 
   /* Capacities of preallocated bookkeeping. */
-  uint32_t max_requests;     /* concurrently acquired requests (1024) */
+  uint32_t max_requests;     /* concurrently acquired requests (1024; at most 2^20) */
   uint32_t max_jobs;         /* transfers in flight, internal ones included (256) */
   uint32_t max_job_blocks;   /* blocks one transfer may carry (8192) */
 
@@ -261,12 +261,14 @@ KVT_API void kvt_layout_init(kvt_layout *layout);
 
 typedef struct kvt_cache kvt_cache;
 
-/* Opens a cache. Allocates the tier map, jobs and requests; opens the disk
- * tier's file (recovery of its blocks waits until the layout is known).
- * With cfg->device = KVT_DEVICE_CUDA, a build without the CUDA backend
- * returns KVT_ENODEV here; a build with it but no usable GPU returns
- * KVT_ENODEV from kvt_register_layout.
- * On success *out owns everything; free it with kvt_close. May block. */
+/* Opens a cache: checks and copies the configuration (strings included).
+ * The tier map, jobs, requests, host pool and disk file come with
+ * kvt_register_layout, once the layout is known. Returns 0, -EINVAL (a
+ * field out of range), KVT_EVERSION (cfg->size), -ENOMEM, or KVT_ENODEV:
+ * with cfg->device = KVT_DEVICE_CUDA, a build without the CUDA backend
+ * returns it here; a build with it but no usable GPU returns it from
+ * kvt_register_layout. On success *out owns everything; free it with
+ * kvt_close. Does not block. */
 KVT_API int kvt_open(const kvt_config *cfg, kvt_cache **out);
 
 /* Registers the engine's KV layout; must precede every block operation.
@@ -287,7 +289,8 @@ KVT_API int kvt_open(const kvt_config *cfg, kvt_cache **out);
  * past validation the cache can only be closed (KVT_ESTATE). */
 KVT_API int kvt_register_layout(kvt_cache *c, const kvt_layout *layout);
 
-/* Waits for every transfer in flight, then frees everything. NULL is fine. */
+/* Waits for every transfer in flight, then frees everything. NULL is fine.
+ * In a forked child it frees nothing (see fork() above). */
 KVT_API void kvt_close(kvt_cache *c);
 
 /* Bytes of one block (sum of segment bytes over layers); 0 for metadata-only. */
@@ -534,7 +537,7 @@ typedef struct kvt_stats {
   uint64_t jobs_started, jobs_failed; /* failed: finished with an error (cancelled ones apart) */
   uint64_t resident_device, resident_host, resident_disk; /* slots in use per tier */
   uint64_t disk_recovered, disk_discarded; /* at kvt_register_layout */
-  uint64_t metadata_bytes; /* tier map, jobs and requests */
+  uint64_t metadata_bytes; /* tier map, jobs, request table and request refs */
   uint64_t jobs_cancelled;
   /* At kvt_register_layout: the disk tier started empty because its
    * superblock was damaged (or a block device held another namespace). */
