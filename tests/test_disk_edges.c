@@ -8,6 +8,7 @@
 #include <dirent.h>
 #include <stdio.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "kv_fixture.h"
@@ -284,6 +285,33 @@ static void failed_preallocation_leaves_nothing(void **state) {
 }
 #endif
 
+/* A tier bigger than the filesystem's free space is refused before a byte
+ * is allocated (fallocate used to fill the filesystem, then fail), and the
+ * file the attempt created is gone. */
+static void tier_larger_than_free_space_is_refused_up_front(void **state) {
+  enum { SEG = 512 * 1024, SLOTS = 4 };
+  const uint64_t disk = 1u << 20; /* x 1 MiB blocks = 1 TiB */
+  kvt_config cfg = disk_config("toobig", 0, disk);
+  struct statvfs fs;
+  assert_int_equal(statvfs(kvt_test_tmpdir(), &fs), 0);
+  if ((uint64_t)fs.f_bavail * fs.f_frsize > disk * (SEG * 2 + 4096)) skip(); /* a filesystem that big */
+  unlink(disk_path);
+  unsigned char *pool = calloc(2, (size_t)SLOTS * SEG);
+  kvt_segment seg[2] = {{pool, SEG, SEG}, {pool + (size_t)SLOTS * SEG, SEG, SEG}};
+  kvt_layout lay;
+  kvt_layout_init(&lay);
+  lay.num_layers = 1;
+  lay.num_slots = SLOTS;
+  lay.segments = seg;
+  kvt_cache *c;
+  assert_int_equal(kvt_open(&cfg, &c), 0);
+  assert_int_equal(kvt_register_layout(c, &lay), -ENOSPC);
+  assert_non_null(strstr(kvt_error_detail(c), "free"));
+  kvt_close(c);
+  assert_int_equal(file_size(disk_path), -1);
+  free(pool);
+}
+
 /* A file of the right size but sparse (copied, or made with ftruncate) is
  * preallocated on open, so spills cannot fail ENOSPC later. */
 static void sparse_file_is_preallocated(void **state) {
@@ -498,6 +526,7 @@ int main(void) {
 #ifdef KVT_FAULT_INJECTION
       cmocka_unit_test(failed_preallocation_leaves_nothing),
 #endif
+      cmocka_unit_test(tier_larger_than_free_space_is_refused_up_front),
       cmocka_unit_test(sparse_file_is_preallocated),
       cmocka_unit_test(reopen_reads_headers_only),
       cmocka_unit_test(restart_rebuilds_lru_in_write_order),
