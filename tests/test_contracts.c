@@ -54,6 +54,10 @@ static void larger_config_needs_a_zero_tail(void **state) {
   kvt_close(c);
   big.newer[9] = 1;
   assert_int_equal(kvt_open(&big.cfg, &c), KVT_EVERSION);
+  /* An unset size (garbage far past any version) is refused unread. */
+  kvt_config cfg = fixture_config(4);
+  cfg.size = 0x7fffffff;
+  assert_int_equal(kvt_open(&cfg, &c), KVT_EVERSION);
 }
 
 static void layout_of_the_first_version_registers(void **state) {

@@ -17,15 +17,16 @@
  *    blocks) bookkeeping, never across a copy or an I/O. Exceptions: kvt_open,
  *    kvt_register_layout and kvt_close must not race other calls on the same
  *    cache. Functions marked "may block" wait for copies or I/O.
- *  - Callbacks: none. kvtier never calls into the engine from its threads;
+ *  - Callbacks: none but the optional log handler (kvt_set_log_handler).
+ *    kvtier never calls into the engine from its threads otherwise;
  *    completion is learned by polling or waiting.
  *  - Structs only ever grow, and `size` says which version the caller was
  *    built with. Structs the engine fills have an *_init() that sets the
  *    defaults and `size`; set fields after calling it. Any size from the
  *    struct's first version (KVT_*_SIZE_V1) up is accepted: fields the
- *    caller's version lacks take their defaults, and a larger size is
- *    accepted when every byte this library does not know is zero (else
- *    KVT_EVERSION, as for a size below the first version). Structs the
+ *    caller's version lacks take their defaults, and a larger size (up to 4 KiB
+ *    more) is accepted when every byte this library does not know is zero
+ *    (else KVT_EVERSION, as for a size below the first version). Structs the
  *    library fills (stats, lookup results, acquire info, plans): the caller
  *    sets `size`; at most that many bytes are written and `size` becomes the
  *    bytes written (fields past it are left untouched).

@@ -10,12 +10,16 @@
 
 #include "kvtier/kvtier.h"
 
+#define KVT__STRUCT_GROWTH_MAX 4096u /* bytes a newer caller's struct may add */
+
 /* Input struct: *dst holds the defaults; the caller's first src_size bytes
  * replace them. Smaller than the first version, or larger with a nonzero
  * byte this library does not know (a field it cannot honour): KVT_EVERSION. */
 static inline int kvt__struct_in(void *dst, size_t dst_size, const void *src, size_t src_size,
                                  size_t min_size) {
-  if (src_size < min_size) return KVT_EVERSION;
+  /* A size far past ours is garbage (an unset field), not a newer header:
+   * refuse it before reading a byte of it. */
+  if (src_size < min_size || src_size > dst_size + KVT__STRUCT_GROWTH_MAX) return KVT_EVERSION;
   for (size_t i = dst_size; i < src_size; i++)
     if (((const unsigned char *)src)[i]) return KVT_EVERSION;
   memcpy(dst, src, src_size < dst_size ? src_size : dst_size);
