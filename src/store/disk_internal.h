@@ -73,11 +73,27 @@ struct kvt__disk {
   uint64_t n_found, n_found_total, discarded, superseded, max_seq;
   int recovered;
   int recover_headers_only;
+
+  /* Open-time state (disk_recover.c). */
+  const char *path;         /* cfg's, valid during kvt__disk_open only */
+  int created;              /* open created the file: a failed open removes it */
+  int durable;              /* O_DSYNC: a completed write is on stable storage */
+  uint64_t scan_slots;      /* slots the file holds now (differs from slots on a resize) */
+  uint32_t dio_align;       /* smallest direct read the file accepts (512 or 4096) */
+  int fresh_start;          /* the superblock was damaged (or a device held another namespace) */
+  uint64_t resize_moved, resize_dropped, recover_bytes;
+  char *detail;             /* cfg's detail buffer: why open failed */
+  size_t detail_len;
 };
 
-/* disk_recover.c: superblock, reset, and the open-time scan. */
+/* disk_recover.c: superblock, reset, resize, and the open-time scan. */
 int kvt__disk_prepare_file(kvt__disk *d, int reset, int *fresh);
 int kvt__disk_scan(kvt__disk *d);
-int kvt__disk_sweep(kvt__disk *d);
+/* Empties slots [from, to) of a block device (a file reads zeros there). */
+int kvt__disk_sweep(kvt__disk *d, uint64_t from, uint64_t to);
+/* After the scan of a file whose slot count changed: keeps what fits,
+ * rewrites the superblock and gives the space back. */
+int kvt__disk_finish_resize(kvt__disk *d);
+void kvt__disk_detail(kvt__disk *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #endif

@@ -302,12 +302,20 @@ int kvt__disk_invalidate(kvt__disk *d, uint64_t slot) {
   return w.status;
 }
 
+static int seq_order(const void *a, const void *b) {
+  const disk_found *x = a, *y = b;
+  return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
 int kvt__disk_recover(kvt__disk *d,
                       void (*fn)(void *arg, uint64_t slot, const kvt_key *key, const kvt_key *parent),
                       void *arg, uint64_t *discarded) {
   if (!d || !fn) return -EINVAL;
   if (d->recovered) return KVT_ESTATE;
   d->recovered = 1;
+  /* Oldest write first: a caller that puts each block at the recent end of
+   * an LRU list rebuilds it in write order (tails before their ancestors). */
+  if (d->n_found) qsort(d->found, d->n_found, sizeof *d->found, seq_order);
   for (uint64_t i = 0; i < d->n_found; i++) fn(arg, d->found[i].slot, &d->found[i].key, &d->found[i].parent);
   if (discarded) *discarded = d->discarded;
   int n = d->n_found > INT32_MAX ? INT32_MAX : (int)d->n_found;
@@ -331,26 +339,42 @@ void kvt__disk_get_stats(const kvt__disk *d, kvt__disk_stats *s) {
       atomic_load(&m->st.bytes_written), atomic_load(&m->st.bytes_read),
       atomic_load(&m->st.checksum_failures), atomic_load(&m->st.mismatches),
       atomic_load(&m->st.io_errors), atomic_load(&m->st.retries), d->n_found_total, d->discarded,
-      d->superseded};
+      d->superseded, (uint64_t)d->fresh_start, d->resize_moved, d->resize_dropped, d->recover_bytes};
 }
 
 /* ---- open / close ---- */
 
-/* O_DIRECT where the filesystem allows it (tmpfs refuses with EINVAL). */
+static int open_mode(const char *path, int flags, int *created) {
+  int fd = open(path, flags);
+  if (fd >= 0 || errno != ENOENT) return fd;
+  fd = open(path, flags | O_CREAT | O_EXCL, 0644);
+  if (fd >= 0) *created = 1;
+  else if (errno == EEXIST) fd = open(path, flags); /* created by someone else meanwhile */
+  return fd;
+}
+
+/* O_DIRECT where the filesystem allows it (tmpfs refuses with EINVAL);
+ * O_DSYNC in durable mode. */
 static int open_file(kvt__disk *d, const char *path) {
+  int flags = O_RDWR | O_CLOEXEC | (d->durable ? O_DSYNC : 0);
   d->direct = 1;
-  d->fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_DIRECT, 0644);
+  d->fd = open_mode(path, flags | O_DIRECT, &d->created);
   if (d->fd < 0 && errno == EINVAL) {
     d->direct = 0;
-    d->fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    d->fd = open_mode(path, flags, &d->created);
   }
-  if (d->fd < 0) return -errno;
+  if (d->fd < 0) {
+    int e = errno;
+    kvt__disk_detail(d, "cannot open: %s", strerror(e));
+    return -e;
+  }
   for (int i = 0; i < LOCK_TRIES; i++) {
     if (flock(d->fd, LOCK_EX | LOCK_NB) == 0) return 0;
     if (errno != EWOULDBLOCK) return -errno;
     nanosleep(&(struct timespec){0, 10000000}, NULL);
   }
-  return KVT_EBUSY;
+  kvt__disk_detail(d, "locked by another open cache");
+  return KVT_ELOCKED;
 }
 
 static int check_cfg(const kvt__disk_cfg *c) {
@@ -392,6 +416,11 @@ static kvt__disk *disk_new(const kvt__disk_cfg *c) {
   d->buf_lens = c->buf_lens;
   d->n_bufs = c->n_bufs;
   d->recover_headers_only = c->recover_headers_only;
+  d->durable = c->durable;
+  d->path = c->path;
+  d->detail = c->detail;
+  d->detail_len = c->detail_len;
+  if (d->detail && d->detail_len) d->detail[0] = '\0';
   pthread_mutex_init(&d->lock, NULL);
   pthread_cond_init(&d->cond, NULL);
   atomic_init(&d->next_seq, 1);
@@ -411,7 +440,8 @@ static int open_steps(kvt__disk *d, const kvt__disk_cfg *c) {
   if (rc == 0) rc = kvt__disk_prepare_file(d, c->reset, &fresh);
   if (rc == 0) rc = open_backend(d, c);
   if (rc == 0 && fresh == 0) rc = kvt__disk_scan(d);
-  if (rc == 0 && fresh == 2) rc = kvt__disk_sweep(d);
+  if (rc == 0 && fresh == 0) rc = kvt__disk_finish_resize(d);
+  if (rc == 0 && fresh == 2) rc = kvt__disk_sweep(d, 0, d->slots);
   if (rc) return rc;
   d->n_found_total = d->n_found;
   atomic_store(&d->next_seq, d->max_seq + 1);
@@ -429,9 +459,12 @@ int kvt__disk_open(const kvt__disk_cfg *cfg, kvt__disk **out) {
   if (!d) return -ENOMEM;
   rc = open_steps(d, cfg);
   if (rc) {
+    /* A file this open created holds nothing of anyone's: leave no trace. */
+    if (d->created && cfg->path && rc != KVT_ELOCKED) unlink(cfg->path);
     kvt__disk_close(d);
     return rc;
   }
+  d->path = NULL; /* the caller's string is not ours to keep */
   *out = d;
   return 0;
 }

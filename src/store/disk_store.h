@@ -9,12 +9,19 @@
  * A slot whose 128-byte header is all zero is empty (never written, or a
  * tombstone). The file is preallocated (fallocate); a block device works too.
  *
- * Opening a file that holds another namespace, geometry or format version
- * (or is not a kvtier file at all) returns KVT_ENAMESPACE and touches
- * nothing, unless cfg->reset = 1, which discards the old contents. A
- * superblock that fails its checksum returns KVT_ECORRUPT (reset clears it).
+ * Opening a regular file that holds another namespace, geometry or format
+ * version (or is not a kvtier file at all) returns KVT_ENAMESPACE and
+ * touches nothing, unless cfg->reset = 1, which discards the old contents.
+ * A block device holding another kvtier namespace is taken over (started
+ * empty); one holding anything else is KVT_ENAMESPACE. Another slot count
+ * is a resize, not another namespace: records that fit are kept (moved
+ * below the new end when it shrinks). A damaged superblock (checksum, or a
+ * magic a few bits off) starts the tier empty, counted in fresh_starts.
+ * The file is preallocated in full (holes of a sparse file included);
+ * -ENOSPC when the filesystem cannot hold it, leaving the file as it was
+ * (a file the open created is removed).
  * The file is flock()ed: a second opener waits up to ~1 s (a crashed
- * owner's ring may still be draining), then gets KVT_EBUSY.
+ * owner's ring may still be draining), then gets KVT_ELOCKED.
  *
  * Recovery runs inside kvt__disk_open: every slot is read in batches
  * through the backend and checked (header, tokens and, by default, payload
@@ -64,13 +71,17 @@ typedef struct kvt__disk_cfg {
   const void *const *bufs;   /* host pool memory to register with the backend */
   const size_t *buf_lens;
   uint32_t n_bufs;
-  int recover_headers_only;  /* 1: recovery reads slot prefixes only (fast on
-                                huge files); payloads are still verified on read */
+  int recover_headers_only;  /* 1: recovery reads each slot's header and tokens
+                                only (fast on huge files); payloads are still
+                                verified on read */
+  int durable;               /* 1: O_DSYNC, a completed write survives power loss */
+  char *detail;              /* optional: why an open failed, in words */
+  size_t detail_len;
 } kvt__disk_cfg;
 
 /* Opens (creating or extending) the file, checks its superblock, starts the
  * backend and recovers. Returns 0, -errno, KVT_ENAMESPACE, KVT_ECORRUPT,
- * KVT_EBUSY (another process holds the file). May block. */
+ * KVT_ELOCKED (another cache holds the file). May block. */
 int kvt__disk_open(const kvt__disk_cfg *cfg, kvt__disk **out);
 void kvt__disk_close(kvt__disk *d); /* waits for I/O in flight; NULL is fine */
 
@@ -114,6 +125,11 @@ int kvt__disk_invalidate(kvt__disk *d, uint64_t slot);
 /* The same, asynchronous: the slot may be reused once done() has run. */
 int kvt__disk_invalidate_async(kvt__disk *d, uint64_t slot, kvt__disk_done_fn done, void *arg);
 
+/* 1 if a tier of another namespace at `path` may be left alone and a file
+ * made beside it: only for an existing regular file. Never beside a block
+ * device (its folder is /dev, a devtmpfs in RAM). */
+int kvt__disk_side_file_ok(const char *path);
+
 /* "io_uring" or "threads". */
 const char *kvt__disk_backend_name(const kvt__disk *d);
 
@@ -132,6 +148,9 @@ typedef struct kvt__disk_stats {
   uint64_t io_errors;                         /* -errno or short, at submit or completion */
   uint64_t retries;                           /* EAGAIN/EINTR completions resubmitted */
   uint64_t recovered, discarded, superseded;  /* at open */
+  uint64_t fresh_starts;                      /* at open: damaged superblock, started empty */
+  uint64_t resize_moved, resize_dropped;      /* at open after a slot count change */
+  uint64_t recover_bytes;                     /* bytes the open-time scan read */
 } kvt__disk_stats;
 
 void kvt__disk_get_info(const kvt__disk *d, kvt__disk_info *info);
