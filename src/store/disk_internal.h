@@ -13,6 +13,7 @@
 #define KVT_DISK_SUPER_BYTES 4096u
 #define KVT_DISK_FORMAT_VERSION 1u
 #define KVT_DISK_MAX_RETRIES 8
+#define KVT_DISK_MAX_VERIFIERS 8u
 
 enum { OP_WRITE = 1, OP_READ, OP_TOMB };
 
@@ -60,6 +61,17 @@ struct kvt__disk {
   kvt_io_cqe *cqes;         /* the reaper's: one reaped batch */
   disk_fin *fin;
   disk_op **fin_ops;
+
+  /* Reads that landed wait here for their checksums, which run on a few
+   * verifier threads instead of the reaper: one core hashing in series
+   * behind the ring holds reads to its own speed and delays every reap. */
+  pthread_mutex_t vq_lock;  /* guards vq_head, vq_count, vq_stop */
+  pthread_cond_t vq_cond;   /* a read was queued, or vq_stop */
+  disk_op **vq;             /* ring of depth entries: no more ops exist */
+  disk_op **vbatch;         /* the reaper's: landed reads of one reaped batch */
+  uint32_t vq_head, vq_count, n_verifiers;
+  int vq_stop;
+  pthread_t verifiers[KVT_DISK_MAX_VERIFIERS];
 
   atomic_uchar *busy;       /* per slot: an op is in flight */
   atomic_uint_fast64_t next_seq;

@@ -18,13 +18,17 @@
 
 /* ---- op pool ---- */
 
-/* Takes a free op; with `wait`, waits while all are in flight. The reaper
- * must not wait on itself, so from done() a full pool returns NULL. */
+/* The store whose reaper or verifier is running on this thread, if any. */
+static _Thread_local const kvt__disk *tl_completing;
+
+/* Takes a free op; with `wait`, waits while all are in flight. The threads
+ * that free ops must not wait on themselves, so from done() a full pool
+ * returns NULL. */
 static disk_op *op_get(kvt__disk *d, int wait) {
   disk_op *op = NULL;
   pthread_mutex_lock(&d->lock);
-  int on_reaper = d->reaper_started && pthread_equal(pthread_self(), d->reaper);
-  while (wait && !d->n_free && !on_reaper && !d->stop) pthread_cond_wait(&d->cond, &d->lock);
+  int on_completion = tl_completing == d;
+  while (wait && !d->n_free && !on_completion && !d->stop) pthread_cond_wait(&d->cond, &d->lock);
   if (d->n_free && !d->stop) {
     op = &d->ops[d->free_ops[--d->n_free]];
     if (d->inflight++ == 0) pthread_cond_broadcast(&d->cond); /* the reaper waits for this */
@@ -186,7 +190,8 @@ static void count_ok(kvt__disk *d, disk_op *op) {
   }
 }
 
-/* Maps a completion to the op's status; 1 means resubmitted (not finished). */
+/* Maps a completion to the op's I/O status; 1 means resubmitted (not
+ * finished). A read that landed whole still has its checksums to pass. */
 static int op_status(kvt__disk *d, disk_op *op, int res) {
   uint32_t want = op->kind == OP_TOMB ? KVT_DISK_SUPER_BYTES : (uint32_t)d->slot_bytes;
   if ((res == -EAGAIN || res == -EINTR) && op->retries++ < KVT_DISK_MAX_RETRIES) {
@@ -198,24 +203,69 @@ static int op_status(kvt__disk *d, disk_op *op, int res) {
     atomic_fetch_add(&d->st.io_errors, 1);
     return res < 0 ? res : -EIO; /* short: O_DIRECT remainders are unaligned, so not retried */
   }
-  if (op->kind == OP_READ) return read_status(d, op);
-  count_ok(d, op);
+  if (op->kind != OP_READ) count_ok(d, op);
   return 0;
 }
 
-/* One reaped batch: statuses first (checksums run here, on the reaper),
- * then the ops go back in one critical section, then done() with no lock
- * held and the slots already reusable. */
+/* Hands landed reads to the verifiers in one critical section. The ring
+ * holds depth entries and no more ops exist, so it cannot overflow. */
+static void vq_push(kvt__disk *d, disk_op *const *ops, uint32_t n) {
+  if (!n) return;
+  pthread_mutex_lock(&d->vq_lock);
+  for (uint32_t i = 0; i < n; i++) d->vq[(d->vq_head + d->vq_count + i) % d->depth] = ops[i];
+  d->vq_count += n;
+  if (n == 1) pthread_cond_signal(&d->vq_cond);
+  else pthread_cond_broadcast(&d->vq_cond);
+  pthread_mutex_unlock(&d->vq_lock);
+}
+
+/* Next landed read, or NULL once the store stops and the ring is empty. */
+static disk_op *vq_pop(kvt__disk *d) {
+  pthread_mutex_lock(&d->vq_lock);
+  while (!d->vq_count && !d->vq_stop) pthread_cond_wait(&d->vq_cond, &d->vq_lock);
+  disk_op *op = NULL;
+  if (d->vq_count) {
+    op = d->vq[d->vq_head];
+    d->vq_head = (d->vq_head + 1) % d->depth;
+    d->vq_count--;
+  }
+  pthread_mutex_unlock(&d->vq_lock);
+  return op;
+}
+
+static void *verifier_main(void *arg) {
+  kvt__disk *d = arg;
+  tl_completing = d;
+  disk_op *op;
+  while ((op = vq_pop(d)) != NULL) {
+    int status = read_status(d, op);
+    kvt__disk_done_fn done = op->done;
+    void *done_arg = op->arg;
+    slot_release(d, op->slot);
+    op_put(d, op); /* op and slot are reusable before done() runs */
+    done(done_arg, status);
+  }
+  return NULL;
+}
+
+/* One reaped batch: landed reads go to the verifiers; everything else gets
+ * its status here, the ops go back in one critical section, then done()
+ * runs with no lock held and the slots already reusable. */
 static void complete_batch(kvt__disk *d, const kvt_io_cqe *cqes, int n) {
-  uint32_t k = 0;
+  uint32_t k = 0, nv = 0;
   for (int i = 0; i < n; i++) {
     disk_op *op = cqes[i].user;
     int status = op_status(d, op, cqes[i].res);
     if (status == 1) continue;
+    if (status == 0 && op->kind == OP_READ) {
+      d->vbatch[nv++] = op;
+      continue;
+    }
     d->fin[k] = (disk_fin){op->done, op->arg, status};
     d->fin_ops[k++] = op;
     slot_release(d, op->slot);
   }
+  vq_push(d, d->vbatch, nv);
   op_put_many(d, d->fin_ops, k);
   for (uint32_t j = 0; j < k; j++) d->fin[j].done(d->fin[j].arg, d->fin[j].status);
 }
@@ -230,12 +280,42 @@ static int reaper_wait(kvt__disk *d) {
 
 static void *reaper_main(void *arg) {
   kvt__disk *d = arg;
+  tl_completing = d;
   while (reaper_wait(d)) {
     int n = kvt__io_reap(&d->io, d->cqes, d->depth, 1, REAP_TIMEOUT_NS);
     if (n > 0) complete_batch(d, d->cqes, n);
     if (n < 0 && n != -EINTR && n != -ETIME && n != -EAGAIN) sched_yield();
   }
   return NULL;
+}
+
+static uint32_t auto_verifiers(void) {
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  long n = cpus / 2;
+  return n < 1 ? 1u : n > 4 ? 4u : (uint32_t)n;
+}
+
+/* Verifiers first: the reaper hands them reads as soon as it runs. */
+static int start_threads(kvt__disk *d, uint32_t want) {
+  want = want ? want : auto_verifiers();
+  if (want > KVT_DISK_MAX_VERIFIERS) want = KVT_DISK_MAX_VERIFIERS;
+  for (; d->n_verifiers < want; d->n_verifiers++) {
+    int rc = pthread_create(&d->verifiers[d->n_verifiers], NULL, verifier_main, d);
+    if (rc) return -rc;
+  }
+  int rc = pthread_create(&d->reaper, NULL, reaper_main, d);
+  d->reaper_started = rc == 0;
+  return -rc;
+}
+
+/* After the last op came back: the reaper ends, then the verifiers drain. */
+static void stop_threads(kvt__disk *d) {
+  if (d->reaper_started) pthread_join(d->reaper, NULL);
+  pthread_mutex_lock(&d->vq_lock);
+  d->vq_stop = 1;
+  pthread_cond_broadcast(&d->vq_cond);
+  pthread_mutex_unlock(&d->vq_lock);
+  for (uint32_t i = 0; i < d->n_verifiers; i++) pthread_join(d->verifiers[i], NULL);
 }
 
 /* ---- public paths ---- */
@@ -321,7 +401,8 @@ const char *kvt__disk_backend_name(const kvt__disk *d) { return d ? kvt__io_name
 void kvt__disk_get_info(const kvt__disk *d, kvt__disk_info *info) {
   *info = (kvt__disk_info){.direct = d->direct, .fixed_buffers = d->n_bufs > 0,
                            .fallback = d->io.fallback, .slots = d->slots,
-                           .slot_bytes = d->slot_bytes, .data_offset = d->data_off};
+                           .slot_bytes = d->slot_bytes, .data_offset = d->data_off,
+                           .verify_threads = d->n_verifiers};
 }
 
 void kvt__disk_get_stats(const kvt__disk *d, kvt__disk_stats *s) {
@@ -370,7 +451,10 @@ static int alloc_runtime(kvt__disk *d) {
   d->fin_ops = calloc(d->depth, sizeof *d->fin_ops);
   d->busy = calloc(d->slots, sizeof *d->busy);
   d->zero_page = aligned_alloc(4096, KVT_DISK_SUPER_BYTES);
+  d->vq = calloc(d->depth, sizeof *d->vq);
+  d->vbatch = calloc(d->depth, sizeof *d->vbatch);
   if (!d->ops || !d->free_ops || !d->cqes || !d->fin || !d->fin_ops || !d->busy || !d->zero_page) return -ENOMEM;
+  if (!d->vq || !d->vbatch) return -ENOMEM;
   memset(d->zero_page, 0, KVT_DISK_SUPER_BYTES);
   for (uint32_t i = 0; i < d->depth; i++) d->free_ops[i] = d->depth - 1 - i;
   d->n_free = d->depth;
@@ -394,6 +478,8 @@ static kvt__disk *disk_new(const kvt__disk_cfg *c) {
   d->recover_headers_only = c->recover_headers_only;
   pthread_mutex_init(&d->lock, NULL);
   pthread_cond_init(&d->cond, NULL);
+  pthread_mutex_init(&d->vq_lock, NULL);
+  pthread_cond_init(&d->vq_cond, NULL);
   atomic_init(&d->next_seq, 1);
   return d;
 }
@@ -415,9 +501,7 @@ static int open_steps(kvt__disk *d, const kvt__disk_cfg *c) {
   if (rc) return rc;
   d->n_found_total = d->n_found;
   atomic_store(&d->next_seq, d->max_seq + 1);
-  rc = pthread_create(&d->reaper, NULL, reaper_main, d);
-  d->reaper_started = rc == 0;
-  return -rc;
+  return start_threads(d, c->verify_threads);
 }
 
 int kvt__disk_open(const kvt__disk_cfg *cfg, kvt__disk **out) {
@@ -443,11 +527,15 @@ void kvt__disk_close(kvt__disk *d) {
   d->stop = 1;
   pthread_cond_broadcast(&d->cond);
   pthread_mutex_unlock(&d->lock);
-  if (d->reaper_started) pthread_join(d->reaper, NULL);
+  stop_threads(d);
   kvt__io_close(&d->io);
   if (d->fd >= 0) close(d->fd);
   pthread_mutex_destroy(&d->lock);
   pthread_cond_destroy(&d->cond);
+  pthread_mutex_destroy(&d->vq_lock);
+  pthread_cond_destroy(&d->vq_cond);
+  free(d->vq);
+  free(d->vbatch);
   free(d->ops);
   free(d->free_ops);
   free(d->cqes);

@@ -27,8 +27,10 @@
  * and kvt__record_bytes() long. Writes are not torn-proof on their own, but
  * a torn record fails its checksum, so it is discarded, never returned.
  *
- * Completions are delivered on the store's reaper thread through
- * done(arg, status), with no store lock held; status is 0, -errno (EIO,
+ * Completions are delivered through done(arg, status) on the store's own
+ * threads (the reaper, or for a read that landed whole one of the verifier
+ * threads that check its checksums), so done() may run on several threads
+ * at once, with no store lock held; status is 0, -errno (EIO,
  * ENOSPC...; a short transfer is -EIO, not retried), KVT_ECORRUPT
  * (checksum) or KVT_EMISMATCH (the slot holds another key or namespace, or
  * is empty). EAGAIN/EINTR completions are resubmitted (up to 8 times).
@@ -66,6 +68,8 @@ typedef struct kvt__disk_cfg {
   uint32_t n_bufs;
   int recover_headers_only;  /* 1: recovery reads slot prefixes only (fast on
                                 huge files); payloads are still verified on read */
+  uint32_t verify_threads;   /* threads that verify reads, at most 8; 0: one
+                                per two online CPUs, 1 to 4 */
 } kvt__disk_cfg;
 
 /* Opens (creating or extending) the file, checks its superblock, starts the
@@ -122,6 +126,7 @@ typedef struct kvt__disk_info {
   int fixed_buffers;        /* host pool memory was handed to the backend for registration */
   const char *fallback;     /* why io_uring is not used under KVT_DISK_AUTO ("" if it is) */
   uint64_t slots, slot_bytes, data_offset;
+  uint32_t verify_threads;  /* threads checking the checksums of reads */
 } kvt__disk_info;
 
 typedef struct kvt__disk_stats {
