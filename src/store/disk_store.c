@@ -18,7 +18,7 @@
 
 /* ---- op pool ---- */
 
-/* The store whose reaper or verifier is running on this thread, if any. */
+/* The store whose reaper or checksum thread is running on this thread, if any. */
 static _Thread_local const kvt__disk *tl_completing;
 
 /* Takes a free op; with `wait`, waits while all are in flight. The threads
@@ -56,6 +56,34 @@ static int slot_claim(kvt__disk *d, uint64_t slot) {
 
 static void slot_release(kvt__disk *d, uint64_t slot) { atomic_store(&d->busy[slot], 0); }
 
+/* ---- the checksum threads' queue ---- */
+
+/* Hands ops to the checksum threads in one critical section. The ring
+ * holds depth entries and no more ops exist, so it cannot overflow. */
+static void hq_push(kvt__disk *d, disk_op *const *ops, uint32_t n) {
+  if (!n) return;
+  pthread_mutex_lock(&d->hq_lock);
+  for (uint32_t i = 0; i < n; i++) d->hq[(d->hq_head + d->hq_count + i) % d->depth] = ops[i];
+  d->hq_count += n;
+  if (n == 1) pthread_cond_signal(&d->hq_cond);
+  else pthread_cond_broadcast(&d->hq_cond);
+  pthread_mutex_unlock(&d->hq_lock);
+}
+
+/* Next op to hash, or NULL once the store stops and the ring is empty. */
+static disk_op *hq_pop(kvt__disk *d) {
+  pthread_mutex_lock(&d->hq_lock);
+  while (!d->hq_count && !d->hq_stop) pthread_cond_wait(&d->hq_cond, &d->hq_lock);
+  disk_op *op = NULL;
+  if (d->hq_count) {
+    op = d->hq[d->hq_head];
+    d->hq_head = (d->hq_head + 1) % d->depth;
+    d->hq_count--;
+  }
+  pthread_mutex_unlock(&d->hq_lock);
+  return op;
+}
+
 /* ---- submission ---- */
 
 static int buf_index_of(const kvt__disk *d, const void *p, size_t len) {
@@ -81,7 +109,9 @@ static kvt_io_req op_req(const kvt__disk *d, disk_op *op) {
 static uint32_t submit_reqs(kvt__disk *d, disk_op **ops, const kvt_io_req *reqs, uint32_t k, int *st) {
   uint32_t j = 0, queued = 0;
   while (j < k) {
+    pthread_mutex_lock(&d->sub_lock);
     int n = kvt__io_submit(&d->io, reqs + j, k - j);
+    pthread_mutex_unlock(&d->sub_lock);
     if (n == 0) sched_yield();
     for (int i = 0; i < n; i++) st[j + (uint32_t)i] = 0;
     if (n > 0) j += (uint32_t)n, queued += (uint32_t)n;
@@ -125,12 +155,12 @@ static int io_prep(kvt__disk *d, int kind, kvt__disk_io *io, kvt__disk_done_fn d
   if (!io->rec || io->slot >= d->slots) return -EINVAL;
   if (d->direct && ((uintptr_t)io->rec & (KVT_RECORD_ALIGN - 1))) return -EINVAL;
   if (kind == OP_WRITE) {
-    int rc = kvt__record_seal(io->rec, &d->ns, d->block_tokens, d->payload_bytes,
-                              atomic_fetch_add(&d->next_seq, 1));
+    int rc = kvt__record_seal_check(io->rec, d->block_tokens);
     if (rc) return rc;
   }
   *t = (disk_op){.kind = kind, .slot = io->slot, .buf = io->rec, .done = done, .arg = io->arg,
                  .buf_index = buf_index_of(d, io->rec, d->slot_bytes)};
+  if (kind == OP_WRITE) t->seq = atomic_fetch_add(&d->next_seq, 1); /* call order, not seal order */
   if (kind == OP_READ && io->expected_key) t->key = *io->expected_key, t->check_key = 1;
   return 0;
 }
@@ -154,6 +184,11 @@ static uint32_t batch_chunk(kvt__disk *d, int kind, kvt__disk_io *ios, uint32_t 
     (*i)++;
   }
   if (k == 0) return 0;
+  if (kind == OP_WRITE) { /* sealed and submitted by the checksum threads */
+    for (uint32_t j = 0; j < k; j++) ios[pos[j]].status = 0;
+    hq_push(d, ops, k);
+    return k;
+  }
   uint32_t queued = submit_reqs(d, ops, reqs, k, st);
   for (uint32_t j = 0; j < k; j++) ios[pos[j]].status = st[j];
   return queued;
@@ -207,48 +242,39 @@ static int op_status(kvt__disk *d, disk_op *op, int res) {
   return 0;
 }
 
-/* Hands landed reads to the verifiers in one critical section. The ring
- * holds depth entries and no more ops exist, so it cannot overflow. */
-static void vq_push(kvt__disk *d, disk_op *const *ops, uint32_t n) {
-  if (!n) return;
-  pthread_mutex_lock(&d->vq_lock);
-  for (uint32_t i = 0; i < n; i++) d->vq[(d->vq_head + d->vq_count + i) % d->depth] = ops[i];
-  d->vq_count += n;
-  if (n == 1) pthread_cond_signal(&d->vq_cond);
-  else pthread_cond_broadcast(&d->vq_cond);
-  pthread_mutex_unlock(&d->vq_lock);
+/* Seals a write and hands it to the backend; a refusal there finishes it
+ * at once, through done(). */
+static void seal_and_submit(kvt__disk *d, disk_op *op) {
+  kvt__disk_done_fn done = op->done;
+  void *done_arg = op->arg;
+  kvt__record_seal(op->buf, &d->ns, d->block_tokens, d->payload_bytes, op->seq); /* checked at the call */
+  kvt_io_req r = op_req(d, op);
+  int st = 0;
+  submit_reqs(d, &op, &r, 1, &st); /* on refusal: slot and op released, op no longer ours */
+  if (st) done(done_arg, st);
 }
 
-/* Next landed read, or NULL once the store stops and the ring is empty. */
-static disk_op *vq_pop(kvt__disk *d) {
-  pthread_mutex_lock(&d->vq_lock);
-  while (!d->vq_count && !d->vq_stop) pthread_cond_wait(&d->vq_cond, &d->vq_lock);
-  disk_op *op = NULL;
-  if (d->vq_count) {
-    op = d->vq[d->vq_head];
-    d->vq_head = (d->vq_head + 1) % d->depth;
-    d->vq_count--;
-  }
-  pthread_mutex_unlock(&d->vq_lock);
-  return op;
+static void verify_and_finish(kvt__disk *d, disk_op *op) {
+  int status = read_status(d, op);
+  kvt__disk_done_fn done = op->done;
+  void *done_arg = op->arg;
+  slot_release(d, op->slot);
+  op_put(d, op); /* op and slot are reusable before done() runs */
+  done(done_arg, status);
 }
 
-static void *verifier_main(void *arg) {
+static void *hasher_main(void *arg) {
   kvt__disk *d = arg;
   tl_completing = d;
   disk_op *op;
-  while ((op = vq_pop(d)) != NULL) {
-    int status = read_status(d, op);
-    kvt__disk_done_fn done = op->done;
-    void *done_arg = op->arg;
-    slot_release(d, op->slot);
-    op_put(d, op); /* op and slot are reusable before done() runs */
-    done(done_arg, status);
+  while ((op = hq_pop(d)) != NULL) {
+    if (op->kind == OP_WRITE) seal_and_submit(d, op);
+    else verify_and_finish(d, op);
   }
   return NULL;
 }
 
-/* One reaped batch: landed reads go to the verifiers; everything else gets
+/* One reaped batch: landed reads go to the checksum threads; the rest gets
  * its status here, the ops go back in one critical section, then done()
  * runs with no lock held and the slots already reusable. */
 static void complete_batch(kvt__disk *d, const kvt_io_cqe *cqes, int n) {
@@ -258,14 +284,14 @@ static void complete_batch(kvt__disk *d, const kvt_io_cqe *cqes, int n) {
     int status = op_status(d, op, cqes[i].res);
     if (status == 1) continue;
     if (status == 0 && op->kind == OP_READ) {
-      d->vbatch[nv++] = op;
+      d->hbatch[nv++] = op;
       continue;
     }
     d->fin[k] = (disk_fin){op->done, op->arg, status};
     d->fin_ops[k++] = op;
     slot_release(d, op->slot);
   }
-  vq_push(d, d->vbatch, nv);
+  hq_push(d, d->hbatch, nv);
   op_put_many(d, d->fin_ops, k);
   for (uint32_t j = 0; j < k; j++) d->fin[j].done(d->fin[j].arg, d->fin[j].status);
 }
@@ -289,18 +315,18 @@ static void *reaper_main(void *arg) {
   return NULL;
 }
 
-static uint32_t auto_verifiers(void) {
+static uint32_t auto_hashers(void) {
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   long n = cpus / 2;
   return n < 1 ? 1u : n > 4 ? 4u : (uint32_t)n;
 }
 
-/* Verifiers first: the reaper hands them reads as soon as it runs. */
+/* Checksum threads first: the reaper hands them reads as soon as it runs. */
 static int start_threads(kvt__disk *d, uint32_t want) {
-  want = want ? want : auto_verifiers();
-  if (want > KVT_DISK_MAX_VERIFIERS) want = KVT_DISK_MAX_VERIFIERS;
-  for (; d->n_verifiers < want; d->n_verifiers++) {
-    int rc = pthread_create(&d->verifiers[d->n_verifiers], NULL, verifier_main, d);
+  want = want ? want : auto_hashers();
+  if (want > KVT_DISK_MAX_HASHERS) want = KVT_DISK_MAX_HASHERS;
+  for (; d->n_hashers < want; d->n_hashers++) {
+    int rc = pthread_create(&d->hashers[d->n_hashers], NULL, hasher_main, d);
     if (rc) return -rc;
   }
   int rc = pthread_create(&d->reaper, NULL, reaper_main, d);
@@ -308,14 +334,14 @@ static int start_threads(kvt__disk *d, uint32_t want) {
   return -rc;
 }
 
-/* After the last op came back: the reaper ends, then the verifiers drain. */
+/* After the last op came back: the reaper ends, then the checksum threads. */
 static void stop_threads(kvt__disk *d) {
   if (d->reaper_started) pthread_join(d->reaper, NULL);
-  pthread_mutex_lock(&d->vq_lock);
-  d->vq_stop = 1;
-  pthread_cond_broadcast(&d->vq_cond);
-  pthread_mutex_unlock(&d->vq_lock);
-  for (uint32_t i = 0; i < d->n_verifiers; i++) pthread_join(d->verifiers[i], NULL);
+  pthread_mutex_lock(&d->hq_lock);
+  d->hq_stop = 1;
+  pthread_cond_broadcast(&d->hq_cond);
+  pthread_mutex_unlock(&d->hq_lock);
+  for (uint32_t i = 0; i < d->n_hashers; i++) pthread_join(d->hashers[i], NULL);
 }
 
 /* ---- public paths ---- */
@@ -402,7 +428,7 @@ void kvt__disk_get_info(const kvt__disk *d, kvt__disk_info *info) {
   *info = (kvt__disk_info){.direct = d->direct, .fixed_buffers = d->n_bufs > 0,
                            .fallback = d->io.fallback, .slots = d->slots,
                            .slot_bytes = d->slot_bytes, .data_offset = d->data_off,
-                           .verify_threads = d->n_verifiers};
+                           .checksum_threads = d->n_hashers};
 }
 
 void kvt__disk_get_stats(const kvt__disk *d, kvt__disk_stats *s) {
@@ -451,10 +477,10 @@ static int alloc_runtime(kvt__disk *d) {
   d->fin_ops = calloc(d->depth, sizeof *d->fin_ops);
   d->busy = calloc(d->slots, sizeof *d->busy);
   d->zero_page = aligned_alloc(4096, KVT_DISK_SUPER_BYTES);
-  d->vq = calloc(d->depth, sizeof *d->vq);
-  d->vbatch = calloc(d->depth, sizeof *d->vbatch);
+  d->hq = calloc(d->depth, sizeof *d->hq);
+  d->hbatch = calloc(d->depth, sizeof *d->hbatch);
   if (!d->ops || !d->free_ops || !d->cqes || !d->fin || !d->fin_ops || !d->busy || !d->zero_page) return -ENOMEM;
-  if (!d->vq || !d->vbatch) return -ENOMEM;
+  if (!d->hq || !d->hbatch) return -ENOMEM;
   memset(d->zero_page, 0, KVT_DISK_SUPER_BYTES);
   for (uint32_t i = 0; i < d->depth; i++) d->free_ops[i] = d->depth - 1 - i;
   d->n_free = d->depth;
@@ -478,8 +504,9 @@ static kvt__disk *disk_new(const kvt__disk_cfg *c) {
   d->recover_headers_only = c->recover_headers_only;
   pthread_mutex_init(&d->lock, NULL);
   pthread_cond_init(&d->cond, NULL);
-  pthread_mutex_init(&d->vq_lock, NULL);
-  pthread_cond_init(&d->vq_cond, NULL);
+  pthread_mutex_init(&d->hq_lock, NULL);
+  pthread_mutex_init(&d->sub_lock, NULL);
+  pthread_cond_init(&d->hq_cond, NULL);
   atomic_init(&d->next_seq, 1);
   return d;
 }
@@ -501,7 +528,7 @@ static int open_steps(kvt__disk *d, const kvt__disk_cfg *c) {
   if (rc) return rc;
   d->n_found_total = d->n_found;
   atomic_store(&d->next_seq, d->max_seq + 1);
-  return start_threads(d, c->verify_threads);
+  return start_threads(d, c->checksum_threads);
 }
 
 int kvt__disk_open(const kvt__disk_cfg *cfg, kvt__disk **out) {
@@ -532,10 +559,11 @@ void kvt__disk_close(kvt__disk *d) {
   if (d->fd >= 0) close(d->fd);
   pthread_mutex_destroy(&d->lock);
   pthread_cond_destroy(&d->cond);
-  pthread_mutex_destroy(&d->vq_lock);
-  pthread_cond_destroy(&d->vq_cond);
-  free(d->vq);
-  free(d->vbatch);
+  pthread_mutex_destroy(&d->hq_lock);
+  pthread_mutex_destroy(&d->sub_lock);
+  pthread_cond_destroy(&d->hq_cond);
+  free(d->hq);
+  free(d->hbatch);
   free(d->ops);
   free(d->free_ops);
   free(d->cqes);

@@ -27,10 +27,12 @@
  * and kvt__record_bytes() long. Writes are not torn-proof on their own, but
  * a torn record fails its checksum, so it is discarded, never returned.
  *
- * Completions are delivered through done(arg, status) on the store's own
- * threads (the reaper, or for a read that landed whole one of the verifier
- * threads that check its checksums), so done() may run on several threads
- * at once, with no store lock held; status is 0, -errno (EIO,
+ * Checksums run on the store's checksum threads, never on the caller nor
+ * the reaper: a write is sealed there and then handed to the backend, a
+ * read that landed whole is verified there. Completions are delivered
+ * through done(arg, status) on the store's own threads (reaper or checksum
+ * threads), so done() may run on several threads at once, with no store
+ * lock held; status is 0, -errno (EIO,
  * ENOSPC...; a short transfer is -EIO, not retried), KVT_ECORRUPT
  * (checksum) or KVT_EMISMATCH (the slot holds another key or namespace, or
  * is empty). EAGAIN/EINTR completions are resubmitted (up to 8 times).
@@ -68,8 +70,8 @@ typedef struct kvt__disk_cfg {
   uint32_t n_bufs;
   int recover_headers_only;  /* 1: recovery reads slot prefixes only (fast on
                                 huge files); payloads are still verified on read */
-  uint32_t verify_threads;   /* threads that verify reads, at most 8; 0: one
-                                per two online CPUs, 1 to 4 */
+  uint32_t checksum_threads; /* threads that seal writes and verify reads, at
+                                most 8; 0: one per two online CPUs, 1 to 4 */
 } kvt__disk_cfg;
 
 /* Opens (creating or extending) the file, checks its superblock, starts the
@@ -89,9 +91,12 @@ int kvt__disk_recover(kvt__disk *d,
 
 /* Asynchronous write of the record image `rec` (in host-pool memory) to
  * slot; fills in magic, version, namespace, payload_len, seq and checksums
- * first (the engine fills key, parent, flags, token_count, tokens, payload).
- * Returns 0 when queued (done() follows) or a negative code (it does not):
- * -EINVAL, KVT_EBUSY, KVT_EAGAIN (from done() with a full queue), -errno. */
+ * first (the engine fills key, parent, flags, token_count, tokens, payload),
+ * on a checksum thread: rec belongs to the store until done(). seq follows
+ * the order of the calls. Returns 0 when queued (done() follows, also with
+ * the error of a backend that refuses the request once it is sealed) or a
+ * negative code (it does not): -EINVAL, KVT_EBUSY, KVT_EAGAIN (from done()
+ * with a full queue), -errno. */
 int kvt__disk_write(kvt__disk *d, uint64_t slot, void *rec, kvt__disk_done_fn done, void *arg);
 /* Asynchronous read of slot into `rec`, then verification against
  * expected_key (NULL: any key) and the checksums. Returns as kvt__disk_write. */
@@ -126,7 +131,7 @@ typedef struct kvt__disk_info {
   int fixed_buffers;        /* host pool memory was handed to the backend for registration */
   const char *fallback;     /* why io_uring is not used under KVT_DISK_AUTO ("" if it is) */
   uint64_t slots, slot_bytes, data_offset;
-  uint32_t verify_threads;  /* threads checking the checksums of reads */
+  uint32_t checksum_threads; /* threads sealing writes and verifying reads */
 } kvt__disk_info;
 
 typedef struct kvt__disk_stats {
@@ -151,6 +156,9 @@ uint64_t kvt__record_hdr_sum(const kvt__record_hdr *h);
  * are inconsistent. */
 int kvt__record_seal(void *rec, const kvt_key *ns, uint32_t block_tokens, uint64_t payload_bytes,
                      uint64_t seq);
+/* The part of kvt__record_seal that can fail, without the hashing: 0, or
+ * -EINVAL if flags/token_count are inconsistent. */
+int kvt__record_seal_check(const void *rec, uint32_t block_tokens);
 /* Checks len bytes at buf (any alignment, any content) as a record of this
  * geometry: 0 valid (header copied to *out when non-NULL), KVT_EMISS for an
  * all-zero header (empty slot), KVT_ECORRUPT (checksum, magic, version or
