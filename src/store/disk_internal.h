@@ -14,6 +14,9 @@
 #define KVT_DISK_FORMAT_VERSION 1u
 #define KVT_DISK_MAX_RETRIES 8
 #define KVT_DISK_MAX_HASHERS 8u
+/* Records under this size are hashed where they are (caller, reaper):
+ * handing one to a checksum thread costs more than hashing it. */
+#define KVT_DISK_HANDOFF_BYTES (256u << 10)
 
 enum { OP_WRITE = 1, OP_READ, OP_TOMB };
 
@@ -72,6 +75,7 @@ struct kvt__disk {
   disk_op **hq;             /* ring of depth entries: no more ops exist */
   disk_op **hbatch;         /* the reaper's: landed reads of one reaped batch */
   uint32_t hq_head, hq_count, n_hashers;
+  int handoff;              /* slot_bytes >= KVT_DISK_HANDOFF_BYTES */
   int hq_stop;
   pthread_t hashers[KVT_DISK_MAX_HASHERS];
   pthread_mutex_t sub_lock; /* one submission at a time (backends serialise

@@ -161,6 +161,8 @@ static int io_prep(kvt__disk *d, int kind, kvt__disk_io *io, kvt__disk_done_fn d
   *t = (disk_op){.kind = kind, .slot = io->slot, .buf = io->rec, .done = done, .arg = io->arg,
                  .buf_index = buf_index_of(d, io->rec, d->slot_bytes)};
   if (kind == OP_WRITE) t->seq = atomic_fetch_add(&d->next_seq, 1); /* call order, not seal order */
+  if (kind == OP_WRITE && !d->handoff)
+    kvt__record_seal(io->rec, &d->ns, d->block_tokens, d->payload_bytes, t->seq);
   if (kind == OP_READ && io->expected_key) t->key = *io->expected_key, t->check_key = 1;
   return 0;
 }
@@ -169,7 +171,7 @@ static int io_prep(kvt__disk *d, int kind, kvt__disk_io *io, kvt__disk_done_fn d
 
 /* Prepares up to BATCH of ios[*i..n) and submits them as one batch. */
 static uint32_t batch_chunk(kvt__disk *d, int kind, kvt__disk_io *ios, uint32_t n, uint32_t *i,
-                            kvt__disk_done_fn done) {
+                            kvt__disk_done_fn done, int nowait) {
   disk_op *ops[BATCH];
   kvt_io_req reqs[BATCH];
   int st[BATCH];
@@ -177,14 +179,14 @@ static uint32_t batch_chunk(kvt__disk *d, int kind, kvt__disk_io *ios, uint32_t 
   while (*i < n && k < BATCH) {
     disk_op t;
     int rc = io_prep(d, kind, &ios[*i], done, &t);
-    if (rc == 0) rc = op_claim(d, &t, k == 0, &ops[k]);
+    if (rc == 0) rc = op_claim(d, &t, k == 0 && !nowait, &ops[k]);
     if (rc == 1) break;
     ios[*i].status = rc;
     if (rc == 0) reqs[k] = op_req(d, ops[k]), pos[k++] = *i;
     (*i)++;
   }
   if (k == 0) return 0;
-  if (kind == OP_WRITE) { /* sealed and submitted by the checksum threads */
+  if (kind == OP_WRITE && d->handoff) { /* sealed and submitted by the checksum threads */
     for (uint32_t j = 0; j < k; j++) ios[pos[j]].status = 0;
     hq_push(d, ops, k);
     return k;
@@ -194,10 +196,18 @@ static uint32_t batch_chunk(kvt__disk *d, int kind, kvt__disk_io *ios, uint32_t 
   return queued;
 }
 
-static int batch_run(kvt__disk *d, int kind, kvt__disk_io *ios, uint32_t n, kvt__disk_done_fn done) {
+/* nowait: a full queue ends the batch; that entry and the rest get
+ * KVT_EAGAIN, so the caller resumes from the first of them. */
+static int batch_run(kvt__disk *d, int kind, kvt__disk_io *ios, uint32_t n, kvt__disk_done_fn done,
+                     int nowait) {
   if (!d || !done || (n && !ios)) return -EINVAL;
   uint32_t i = 0, queued = 0;
-  while (i < n) queued += batch_chunk(d, kind, ios, n, &i, done);
+  while (i < n) {
+    uint32_t from = i;
+    queued += batch_chunk(d, kind, ios, n, &i, done, nowait);
+    if (i == from)
+      for (; i < n; i++) ios[i].status = KVT_EAGAIN;
+  }
   return (int)queued;
 }
 
@@ -283,10 +293,11 @@ static void complete_batch(kvt__disk *d, const kvt_io_cqe *cqes, int n) {
     disk_op *op = cqes[i].user;
     int status = op_status(d, op, cqes[i].res);
     if (status == 1) continue;
-    if (status == 0 && op->kind == OP_READ) {
+    if (status == 0 && op->kind == OP_READ && d->handoff) {
       d->hbatch[nv++] = op;
       continue;
     }
+    if (status == 0 && op->kind == OP_READ) status = read_status(d, op);
     d->fin[k] = (disk_fin){op->done, op->arg, status};
     d->fin_ops[k++] = op;
     slot_release(d, op->slot);
@@ -323,7 +334,7 @@ static uint32_t auto_hashers(void) {
 
 /* Checksum threads first: the reaper hands them reads as soon as it runs. */
 static int start_threads(kvt__disk *d, uint32_t want) {
-  want = want ? want : auto_hashers();
+  want = !d->handoff ? 0 : want ? want : auto_hashers();
   if (want > KVT_DISK_MAX_HASHERS) want = KVT_DISK_MAX_HASHERS;
   for (; d->n_hashers < want; d->n_hashers++) {
     int rc = pthread_create(&d->hashers[d->n_hashers], NULL, hasher_main, d);
@@ -347,15 +358,23 @@ static void stop_threads(kvt__disk *d) {
 /* ---- public paths ---- */
 
 int kvt__disk_write_batch(kvt__disk *d, kvt__disk_io *ios, uint32_t n, kvt__disk_done_fn done) {
-  return batch_run(d, OP_WRITE, ios, n, done);
+  return batch_run(d, OP_WRITE, ios, n, done, 0);
+}
+
+int kvt__disk_try_write_batch(kvt__disk *d, kvt__disk_io *ios, uint32_t n, kvt__disk_done_fn done) {
+  return batch_run(d, OP_WRITE, ios, n, done, 1);
 }
 
 int kvt__disk_read_batch(kvt__disk *d, kvt__disk_io *ios, uint32_t n, kvt__disk_done_fn done) {
-  return batch_run(d, OP_READ, ios, n, done);
+  return batch_run(d, OP_READ, ios, n, done, 0);
+}
+
+int kvt__disk_try_read_batch(kvt__disk *d, kvt__disk_io *ios, uint32_t n, kvt__disk_done_fn done) {
+  return batch_run(d, OP_READ, ios, n, done, 1);
 }
 
 static int one(kvt__disk *d, int kind, kvt__disk_io *io, kvt__disk_done_fn done) {
-  int rc = batch_run(d, kind, io, 1, done);
+  int rc = batch_run(d, kind, io, 1, done, 0);
   return rc < 0 ? rc : io->status;
 }
 
@@ -495,6 +514,7 @@ static kvt__disk *disk_new(const kvt__disk_cfg *c) {
   d->block_tokens = c->block_tokens;
   d->payload_bytes = c->payload_bytes;
   d->slot_bytes = kvt__record_bytes(c->block_tokens, c->payload_bytes);
+  d->handoff = d->slot_bytes >= KVT_DISK_HANDOFF_BYTES;
   d->data_off = KVT_DISK_SUPER_BYTES;
   d->ns = c->ns;
   d->depth = c->queue_depth ? c->queue_depth : DEFAULT_QUEUE_DEPTH;
