@@ -1,6 +1,14 @@
-/* The disk store's runtime: open/close, the op pool, the reaper thread and
- * the write/read/invalidate paths. Open-time work lives in disk_recover.c.
- * Hot paths take an op from a free list set up at open; nothing allocates. */
+/* The disk store's runtime: open/close, the op pool, the reaper thread, the
+ * checksum threads and the write/read/invalidate paths. Open-time work
+ * lives in disk_recover.c. Hot paths take an op from a free list set up at
+ * open; nothing allocates.
+ *
+ * Where a record's bytes are hashed: records of KVT_DISK_HANDOFF_BYTES and
+ * more are sealed and verified on the checksum threads, so neither the
+ * caller nor the reaper ever hashes a large payload in series with the
+ * ring; smaller ones are hashed in place, where a thread handoff would cost
+ * more than the hash. An op is in exactly one place at a time (caller,
+ * backend, reaper, checksum queue), and there are queue_depth of them. */
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
