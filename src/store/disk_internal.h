@@ -13,6 +13,10 @@
 #define KVT_DISK_SUPER_BYTES 4096u
 #define KVT_DISK_FORMAT_VERSION 1u
 #define KVT_DISK_MAX_RETRIES 8
+#define KVT_DISK_MAX_HASHERS 8u
+/* Records under this size are hashed where they are (caller, reaper):
+ * handing one to a checksum thread costs more than hashing it. */
+#define KVT_DISK_HANDOFF_BYTES (256u << 10)
 
 enum { OP_WRITE = 1, OP_READ, OP_TOMB };
 
@@ -21,6 +25,7 @@ typedef struct disk_op {
   int buf_index;
   int retries;
   uint64_t slot;
+  uint64_t seq;             /* writes: sealed into the record */
   void *buf;
   kvt_key key;
   int check_key;
@@ -60,6 +65,21 @@ struct kvt__disk {
   kvt_io_cqe *cqes;         /* the reaper's: one reaped batch */
   disk_fin *fin;
   disk_op **fin_ops;
+
+  /* Writes to seal and reads that landed wait here for their checksums,
+   * which run on a few checksum threads: hashing in series on the caller
+   * or the reaper holds the disk to one core's XXH3 speed and delays every
+   * submission or reap behind it. */
+  pthread_mutex_t hq_lock;  /* guards hq_head, hq_count, hq_stop */
+  pthread_cond_t hq_cond;   /* an op was queued, or hq_stop */
+  disk_op **hq;             /* ring of depth entries: no more ops exist */
+  disk_op **hbatch;         /* the reaper's: landed reads of one reaped batch */
+  uint32_t hq_head, hq_count, n_hashers;
+  int handoff;              /* slot_bytes >= KVT_DISK_HANDOFF_BYTES */
+  int hq_stop;
+  pthread_t hashers[KVT_DISK_MAX_HASHERS];
+  pthread_mutex_t sub_lock; /* one submission at a time (backends serialise
+                               them anyway); keeps fault hooks' calls ordered */
 
   atomic_uchar *busy;       /* per slot: an op is in flight */
   atomic_uint_fast64_t next_seq;
