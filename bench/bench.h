@@ -49,6 +49,9 @@ typedef struct kvt_bench_rows kvt_bench_rows;
 void kvt_bench_row(kvt_bench_rows *rows, const char *name, const char *unit, double value,
                    double limit, double target, const char *note);
 
+/* Longer detail for the row just added: printed in --json only. */
+void kvt_bench_row_detail(kvt_bench_rows *rows, const char *detail);
+
 typedef int (*kvt_bench_micro_fn)(const kvt_bench_micro_opts *opts, kvt_bench_rows *rows);
 void kvt_bench_micro_register(const char *name, kvt_bench_micro_fn fn);
 

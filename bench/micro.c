@@ -21,6 +21,7 @@ struct kvt_bench_rows {
   struct {
     char section[32], name[64], unit[16], note[160];
     double value, limit, target;
+    char detail[1024];
   } r[MAX_ROWS];
   const char *section;
 };
@@ -44,6 +45,11 @@ void kvt_bench_row(kvt_bench_rows *rows, const char *name, const char *unit, dou
   rows->r[i].value = value;
   rows->r[i].limit = limit;
   rows->r[i].target = target;
+  rows->r[i].detail[0] = 0;
+}
+
+void kvt_bench_row_detail(kvt_bench_rows *rows, const char *detail) {
+  if (rows->n > 0) snprintf(rows->r[rows->n - 1].detail, sizeof rows->r[0].detail, "%s", detail);
 }
 
 static void json_str(FILE *f, const char *s) {
@@ -191,6 +197,7 @@ static int micro_main(int argc, char **argv) {
       printf(",\"value\":%.6g,\"limit\":%.6g,\"ratio\":%.4f,\"target\":%.3g,\"note\":", rows.r[i].value,
              rows.r[i].limit, ratio, rows.r[i].target);
       json_str(stdout, rows.r[i].note);
+      if (rows.r[i].detail[0]) printf(",\"detail\":"), json_str(stdout, rows.r[i].detail);
       printf("}");
     }
     printf("\n]\n");

@@ -98,7 +98,11 @@ static int parse(int argc, char **argv, replay_cli *o) {
       o->ro.payload_real = !strcmp(v, "real");
     } else if (!strcmp(a, "--payload-scale")) {
       uint64_t sc;
-      if (parse_count(a, v, &sc) || !sc) return 2;
+      if (parse_count(a, v, &sc)) return 2;
+      if (!sc) {
+        fprintf(stderr, "kvtier-bench replay: --payload-scale '%s': must be at least 1\n", v);
+        return 2;
+      }
       o->ro.payload_scale = (uint32_t)sc;
     } else if (!strcmp(a, "--disk-path")) {
       o->ro.disk_path = v;

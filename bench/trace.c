@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <cjson/cJSON.h>
 
@@ -140,32 +141,80 @@ static int blank(const char *s) {
   return 1;
 }
 
+/* Reads one line (without its newline) into *buf. Returns its length, -1
+ * at end of file, or a negative errno: -ENOMEM (a failed allocation is not
+ * an end of file), -E2BIG (longer than KVT_BENCH_TRACE_MAX_LINE: /dev/zero
+ * must not grow memory without bound), -EILSEQ (a NUL byte), or a read
+ * error. */
+static ssize_t read_line(FILE *f, char **buf, size_t *cap) {
+  size_t n = 0;
+  int ch;
+  errno = 0;
+  while ((ch = getc_unlocked(f)) != EOF && ch != '\n') {
+    if (ch == 0) return -EILSEQ;
+    if (n + 1 >= *cap) {
+      if (*cap >= KVT_BENCH_TRACE_MAX_LINE) return -E2BIG;
+      size_t want = *cap ? *cap * 2 : 4096;
+      if (want > KVT_BENCH_TRACE_MAX_LINE) want = KVT_BENCH_TRACE_MAX_LINE;
+      char *q = realloc(*buf, want);
+      if (!q) return -ENOMEM;
+      *buf = q;
+      *cap = want;
+    }
+    (*buf)[n++] = (char)ch;
+  }
+  if (ferror(f)) return errno ? -errno : -EIO;
+  if (ch == EOF && n == 0) return -1;
+  if (!*buf && !(*buf = malloc(*cap = 4096))) return -ENOMEM;
+  (*buf)[n] = '\0';
+  return (ssize_t)n;
+}
+
+static int line_error(ssize_t len, kvt_bench_trace_err *err) {
+  if (!err) return (int)len;
+  if (len == -E2BIG)
+    snprintf(err->msg, sizeof err->msg, "line longer than %u MiB", (unsigned)(KVT_BENCH_TRACE_MAX_LINE >> 20));
+  else if (len == -EILSEQ)
+    snprintf(err->msg, sizeof err->msg, "NUL byte inside the line");
+  else
+    return (int)len; /* an I/O or memory error: not the file's format */
+  return -EINVAL;
+}
+
+static int open_trace(const char *path, FILE **out) {
+  FILE *f = fopen(path, "r");
+  if (!f) return -errno;
+  struct stat sb;
+  if (fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) {
+    fclose(f);
+    return -EISDIR;
+  }
+  *out = f;
+  return 0;
+}
+
 int kvt_bench_trace_load(const char *path, uint32_t block_tokens, kvt_bench_trace *t,
                          kvt_bench_trace_err *err) {
   if (!path || !t || !block_tokens) return -EINVAL;
   kvt_bench_trace_init(t, block_tokens);
   if (err) memset(err, 0, sizeof *err);
-  FILE *f = fopen(path, "r");
-  if (!f) return -errno;
+  FILE *f = NULL;
+  int rc = open_trace(path, &f);
+  if (rc) return rc;
   char *line = NULL;
   size_t cap = 0, lineno = 0;
   ssize_t len;
-  int rc = 0;
-  while ((len = getline(&line, &cap, f)) >= 0) {
+  while ((len = read_line(f, &line, &cap)) >= 0) {
     lineno++;
     if (blank(line)) continue;
-    if ((size_t)len != strlen(line)) {
-      rc = -EINVAL;
-      if (err) snprintf(err->msg, sizeof err->msg, "NUL byte inside the line");
-    } else {
-      rc = kvt_bench_trace_parse_line(t, line, err);
-    }
-    if (rc) {
-      if (err) err->line = lineno;
-      break;
-    }
+    rc = kvt_bench_trace_parse_line(t, line, err);
+    if (rc) break;
   }
-  if (rc == 0 && ferror(f)) rc = -EIO;
+  if (len < -1) {
+    lineno++;
+    rc = line_error(len, err);
+  }
+  if (rc && err && rc == -EINVAL) err->line = lineno;
   free(line);
   fclose(f);
   if (rc == 0 && t->n_reqs == 0) {

@@ -40,9 +40,14 @@ typedef struct kvt_bench_trace_err {
  * ceil(input_length / block_tokens). */
 int kvt_bench_trace_parse_line(kvt_bench_trace *t, const char *line, kvt_bench_trace_err *err);
 
+/* Longest line a trace may have. */
+#define KVT_BENCH_TRACE_MAX_LINE (64u << 20)
+
 /* Reads a whole JSON-lines file (blank lines are skipped). Returns 0, a
- * negative errno for I/O, or -EINVAL with err->line and err->msg naming the
- * first malformed line. On error *t is freed. */
+ * negative errno for I/O or memory (-ENOMEM, -EISDIR, -EIO...: never taken
+ * for the end of the file), or -EINVAL with err->line and err->msg naming
+ * the first malformed line (bad JSON, a NUL byte, a line longer than
+ * KVT_BENCH_TRACE_MAX_LINE). On error *t is freed. */
 int kvt_bench_trace_load(const char *path, uint32_t block_tokens, kvt_bench_trace *t,
                          kvt_bench_trace_err *err);
 

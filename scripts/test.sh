@@ -42,6 +42,24 @@ pc_dir=$(dirname "$(find build/ci-install -name kvtier.pc | head -1)")
 cc tests/consumer/consumer.c -o build/consumer/consumer-pc $(PKG_CONFIG_PATH="$pc_dir" pkg-config --cflags --libs kvtier)
 LD_LIBRARY_PATH="$PWD/build/ci-install/lib" build/consumer/consumer-pc
 
+step "static consumer: kvtier::kvtier_static and pkg-config --static"
+rm -rf build/consumer-static build/ci-install-static
+cmake -S tests/consumer -B build/consumer-static -DKVT_CONSUMER_STATIC=ON \
+  -DCMAKE_PREFIX_PATH="$PWD/build/ci-install" >/dev/null
+cmake --build build/consumer-static >/dev/null
+build/consumer-static/consumer
+# A prefix holding only the archive, so that -lkvtier cannot pick the .so.
+cp -a build/ci-install build/ci-install-static
+find build/ci-install-static -name 'libkvtier.so*' -delete
+pc_static=$(dirname "$(find build/ci-install-static -name kvtier.pc | head -1)")
+cc tests/consumer/consumer.c -o build/consumer-static/consumer-pc \
+  $(PKG_CONFIG_PATH="$pc_static" pkg-config --static --cflags --libs kvtier)
+build/consumer-static/consumer-pc
+if ldd build/consumer-static/consumer-pc | grep -q libkvtier; then
+  echo "static consumer links libkvtier.so" >&2
+  exit 1
+fi
+
 step "ASan+UBSan: every test"
 kvt_step build/asan/configure.log "configure (cmake, ASan)" \
   cmake -S . -B build/asan -DKVT_WERROR=ON -DKVT_ASAN=ON -DKVT_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug

@@ -19,6 +19,10 @@
 
 #define BT 16u
 #define PAYLOAD (64u * 1024u + 100u) /* not 4 KiB-aligned: the record pads it */
+/* Records this big are hashed on the store's checksum threads. */
+#define BIG_PAYLOAD (512u * 1024u + 100u)
+
+static size_t g_payload = PAYLOAD; /* of the open fixture */
 #define SLOTS 16u
 
 static kvt_disk_backend g_backend;
@@ -37,7 +41,7 @@ static kvt__disk_cfg cfg_of(fx *f, kvt_key ns) {
   static size_t lens[1];
   bufs[0] = f->pool;
   lens[0] = f->rec_bytes * SLOTS;
-  return (kvt__disk_cfg){.path = f->path, .slots = SLOTS, .block_tokens = BT, .payload_bytes = PAYLOAD,
+  return (kvt__disk_cfg){.path = f->path, .slots = SLOTS, .block_tokens = BT, .payload_bytes = g_payload,
                          .ns = ns, .queue_depth = 8, .backend = g_backend, .bufs = bufs,
                          .buf_lens = lens, .n_bufs = 1};
 }
@@ -52,6 +56,7 @@ static int setup(void **state) {
   static int n;
   fx *f = calloc(1, sizeof *f);
   snprintf(f->path, sizeof f->path, "%s/disk-%d-%d.kvt", kvt_test_tmpdir(), (int)getpid(), n++);
+  g_payload = PAYLOAD;
   f->rec_bytes = kvt__record_bytes(BT, PAYLOAD);
   f->pool = aligned_alloc(4096, f->rec_bytes * SLOTS);
   kvt__disk_cfg c = cfg_of(f, NS1);
@@ -82,7 +87,7 @@ static void make_rec(void *rec, uint64_t seed) {
   h->flags = KVT_RECORD_F_TOKENS;
   h->token_count = BT;
   for (uint32_t t = 0; t < BT; t++) kvt__record_tokens(rec)[t] = (uint32_t)(seed * 100 + t);
-  kvt_test_fill(kvt__record_payload(rec, BT), PAYLOAD, seed);
+  kvt_test_fill(kvt__record_payload(rec, BT), g_payload, seed);
 }
 
 static int rec_ok(void *rec, uint64_t seed) {
@@ -90,7 +95,7 @@ static int rec_ok(void *rec, uint64_t seed) {
   if (h->key.lo != key_of(seed).lo || h->parent.hi != key_of(seed + 1000).hi) return 0;
   for (uint32_t t = 0; t < BT; t++)
     if (kvt__record_tokens(rec)[t] != (uint32_t)(seed * 100 + t)) return 0;
-  return kvt_test_check(kvt__record_payload(rec, BT), PAYLOAD, seed);
+  return kvt_test_check(kvt__record_payload(rec, BT), g_payload, seed);
 }
 
 typedef struct waiter {
@@ -422,9 +427,6 @@ static void test_namespace_mismatch_keeps_old_data(void **state) {
   c = cfg_of(f, NS1);
   c.payload_bytes = PAYLOAD + 4096; /* other geometry */
   assert_int_equal(kvt__disk_open(&c, &f->d), KVT_ENAMESPACE);
-  c = cfg_of(f, NS1);
-  c.slots = SLOTS * 2;
-  assert_int_equal(kvt__disk_open(&c, &f->d), KVT_ENAMESPACE);
   reopen(f, NS1); /* untouched */
   found r = recover(f, NULL);
   assert_int_equal(r.n, 1);
@@ -531,25 +533,45 @@ static void test_eio_on_one_write(void **state) { completion_fault_case(*state, 
 static void test_enospc_on_one_write(void **state) { completion_fault_case(*state, -ENOSPC, -ENOSPC); }
 static void test_short_write_is_eio(void **state) { completion_fault_case(*state, 4096, -EIO); }
 
-static void test_submit_fault_fails_only_that_request(void **state) {
-  fx *f = *state;
+/* A backend that refuses a request at submission fails only that request,
+ * and its slot is not left busy. A small write is sealed and submitted in
+ * the call, which returns the refusal; a big one is sealed and submitted on
+ * a checksum thread, so done() reports it. Reads: always the call. */
+static void submit_fault_case(fx *f, int big) {
   fault_plan p = {KVT_FAULT_IO_SUBMIT, -ENOSPC, 0};
   waiter *w = waiter_new();
   for (uint32_t i = 0; i < 4; i++) make_rec(host(f, i), 90 + i);
   kvt__fault_set(fault_hook, &p);
   assert_int_equal(write_async(f, w, 0, 0), 0);
+  waiter_wait(w);
   atomic_store(&p.left, 1);
-  assert_int_equal(write_async(f, w, 1, 1), -ENOSPC);
+  assert_int_equal(write_async(f, w, 1, 1), big ? 0 : -ENOSPC);
+  waiter_wait(w);
+  assert_int_equal(atomic_load(&p.left), 0);
   assert_int_equal(write_async(f, w, 2, 2), 0);
   waiter_wait(w);
+  assert_int_equal(w->n_done, big ? 3 : 2);
+  assert_int_equal(w->status[0], 0);
+  assert_int_equal(w->status[1], big ? -ENOSPC : 0);
+  assert_int_equal(w->status[2], 0);
+  atomic_store(&p.left, 1);
+  kvt_key k0 = key_of(90);
+  assert_int_equal(read_async(f, w, 0, 3, &k0), -ENOSPC); /* no done() */
   kvt__fault_set(NULL, NULL);
-  assert_int_equal(w->n_done, 2); /* no done() for the refused one */
+  assert_int_equal(w->n_done, big ? 3 : 2);
+  kvt__disk_stats st;
+  kvt__disk_get_stats(f->d, &st);
+  assert_int_equal(st.io_errors, 2);
+  assert_int_equal(st.writes, 2);
   assert_int_equal(read_sync(f, 0, 90), 0);
   assert_int_equal(read_sync(f, 2, 92), 0);
   assert_int_equal(read_sync(f, 1, 91), KVT_EMISMATCH); /* never written */
   assert_int_equal(write_sync(f, 1, 91), 0);            /* slot not left busy */
+  assert_int_equal(read_sync(f, 1, 91), 0);
   free(w);
 }
+
+static void test_submit_fault_fails_only_that_request(void **state) { submit_fault_case(*state, 0); }
 
 static void test_eio_on_read_then_read_again(void **state) {
   fx *f = *state;
@@ -617,6 +639,207 @@ static void test_batches_fail_only_bad_entries(void **state) {
   free(w);
 }
 
+/* ---- checksum threads ---- */
+
+/* Reopens the fixture as a fresh store of BIG_PAYLOAD records (hashed on
+ * n checksum threads); keep_file reopens the same file. */
+static void reopen_big(fx *f, uint32_t n, int keep_file) {
+  kvt__disk_close(f->d);
+  if (!keep_file) {
+    unlink(f->path);
+    free(f->pool);
+    g_payload = BIG_PAYLOAD;
+    f->rec_bytes = kvt__record_bytes(BT, BIG_PAYLOAD);
+    f->pool = aligned_alloc(4096, f->rec_bytes * SLOTS);
+  }
+  kvt__disk_cfg c = cfg_of(f, NS1);
+  c.checksum_threads = n;
+  assert_int_equal(kvt__disk_open(&c, &f->d), 0);
+  kvt__disk_info in;
+  kvt__disk_get_info(f->d, &in);
+  assert_int_equal(in.checksum_threads, n);
+}
+
+/* A done() that holds its thread until the test lets it go. */
+typedef struct gate {
+  pthread_mutex_t m;
+  pthread_cond_t c;
+  int entered, open, left, status;
+} gate;
+
+static void gated_done(void *arg, int status) {
+  gate *g = arg;
+  pthread_mutex_lock(&g->m);
+  g->entered = 1;
+  g->status = status;
+  pthread_cond_broadcast(&g->c);
+  while (!g->open) pthread_cond_wait(&g->c, &g->m);
+  g->left = 1;
+  pthread_cond_broadcast(&g->c);
+  pthread_mutex_unlock(&g->m);
+}
+
+static void gate_wait(gate *g, int *flag) {
+  pthread_mutex_lock(&g->m);
+  while (!*flag) pthread_cond_wait(&g->c, &g->m);
+  pthread_mutex_unlock(&g->m);
+}
+
+static void gate_open(gate *g) {
+  pthread_mutex_lock(&g->m);
+  g->open = 1;
+  pthread_cond_broadcast(&g->c);
+  pthread_mutex_unlock(&g->m);
+  gate_wait(g, &g->left);
+}
+
+/* Starts a read of `slot` (written with `seed`) whose done() blocks. */
+static void start_gated_read(fx *f, gate *g, uint32_t slot, uint64_t seed) {
+  static kvt_key k;
+  k = key_of(seed);
+  assert_int_equal(kvt__disk_read(f->d, slot, host(f, 2), &k, gated_done, g), 0);
+  gate_wait(g, &g->entered);
+  assert_int_equal(g->status, 0);
+}
+
+/* Reads are verified and finished on the checksum threads: while one of
+ * them is held inside a done(), another read still completes, verified. */
+static void test_a_held_done_does_not_stop_other_reads(void **state) {
+  fx *f = *state;
+  reopen_big(f, 2, 0);
+  assert_int_equal(write_sync(f, 0, 7), 0);
+  assert_int_equal(write_sync(f, 1, 8), 0);
+  gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0};
+  start_gated_read(f, &g, 0, 7);
+  waiter *w = waiter_new();
+  kvt_key k = key_of(8);
+  memset(host(f, 3), 0, f->rec_bytes);
+  assert_int_equal(read_async(f, w, 1, 3, &k), 0);
+  waiter_wait(w);
+  assert_int_equal(w->status[3], 0);
+  assert_true(rec_ok(host(f, 3), 8));
+  gate_open(&g);
+  assert_true(rec_ok(host(f, 2), 7));
+  free(w);
+}
+
+/* The reaper does no hashing and runs no read's done(): with the only
+ * checksum thread held, a tombstone still completes. */
+static void test_reaper_runs_while_checksums_are_held(void **state) {
+  fx *f = *state;
+  reopen_big(f, 1, 0);
+  assert_int_equal(write_sync(f, 0, 7), 0);
+  gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0};
+  start_gated_read(f, &g, 0, 7);
+  assert_int_equal(kvt__disk_invalidate(f->d, 5), 0);
+  kvt__disk_stats st;
+  kvt__disk_get_stats(f->d, &st);
+  assert_int_equal(st.invalidates, 1);
+  gate_open(&g);
+}
+
+/* Writes are sealed on several threads at once, but the newest call wins:
+ * seq is taken in call order, so recovery keeps the last write of a key. */
+static void test_newest_call_wins_with_parallel_sealing(void **state) {
+  fx *f = *state;
+  reopen_big(f, 4, 0);
+  waiter *w = waiter_new();
+  kvt__disk_io io[SLOTS];
+  for (uint32_t i = 0; i < SLOTS; i++) {
+    make_rec(host(f, i), 300 + i);
+    ((kvt__record_hdr *)host(f, i))->key = key_of(300); /* one key, SLOTS copies */
+    g_ws[i] = (wslot){w, (int)i};
+    io[i] = (kvt__disk_io){.slot = i, .rec = host(f, i), .arg = &g_ws[i]};
+  }
+  pthread_mutex_lock(&w->m);
+  w->pending = SLOTS;
+  pthread_mutex_unlock(&w->m);
+  for (uint32_t i = 0; i < SLOTS; i += 4) assert_int_equal(kvt__disk_write_batch(f->d, io + i, 4, on_done), 4);
+  waiter_wait(w);
+  for (uint32_t i = 0; i < SLOTS; i++) assert_int_equal(w->status[i], 0);
+  reopen_big(f, 4, 1);
+  uint64_t discarded = 0;
+  found r = recover(f, &discarded);
+  assert_int_equal(r.n, 1);
+  assert_int_equal(r.slot[0], SLOTS - 1);
+  kvt__disk_stats st;
+  kvt__disk_get_stats(f->d, &st);
+  assert_int_equal(st.superseded, SLOTS - 1);
+  free(w);
+}
+
+static void test_submit_fault_of_a_sealed_write_reaches_done(void **state) {
+  reopen_big(*state, 2, 0);
+  submit_fault_case(*state, 1);
+}
+
+/* Checksums on the checksum threads still catch every corruption. */
+static void test_flipped_byte_of_a_big_record(void **state) {
+  fx *f = *state;
+  reopen_big(f, 2, 0);
+  flip_case(f, kvt__record_prefix_bytes(BT) + BIG_PAYLOAD - 1);
+}
+
+/* ---- never-waiting batches ---- */
+
+/* Holds the reaper inside its first reaped completion until released, so
+ * every op in flight stays taken: the queue is full for as long as we like. */
+typedef struct reap_hold {
+  pthread_mutex_t m;
+  pthread_cond_t c;
+  int held, released;
+} reap_hold;
+
+static int hold_hook(void *ctx, int site, int64_t arg) {
+  reap_hold *h = ctx;
+  if (site != KVT_FAULT_IO_DELAY_US) return 0;
+  pthread_mutex_lock(&h->m);
+  h->held = 1;
+  pthread_cond_broadcast(&h->c);
+  while (!h->released) pthread_cond_wait(&h->c, &h->m);
+  pthread_mutex_unlock(&h->m);
+  return 0;
+}
+
+static void test_try_batch_never_waits(void **state) {
+  fx *f = *state;
+  enum { N = 12, DEPTH = 8 }; /* cfg_of: queue_depth 8 */
+  for (uint32_t i = 0; i < N; i++) assert_int_equal(write_sync(f, i, 400 + i), 0);
+  reap_hold h = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+  waiter *w = waiter_new();
+  kvt__disk_io io[N];
+  kvt_key keys[N];
+  memset(f->pool, 0, f->rec_bytes * N);
+  for (uint32_t i = 0; i < N; i++) {
+    keys[i] = key_of(400 + i);
+    g_ws[i] = (wslot){w, (int)i};
+    io[i] = (kvt__disk_io){.slot = i, .rec = host(f, i), .expected_key = &keys[i], .arg = &g_ws[i]};
+  }
+  pthread_mutex_lock(&w->m);
+  w->pending = DEPTH;
+  pthread_mutex_unlock(&w->m);
+  kvt__fault_set(hold_hook, &h);
+  assert_int_equal(kvt__disk_try_read_batch(f->d, io, N, on_done), DEPTH);
+  for (uint32_t i = 0; i < N; i++) assert_int_equal(io[i].status, i < DEPTH ? 0 : KVT_EAGAIN);
+  pthread_mutex_lock(&h.m);
+  h.released = 1;
+  pthread_cond_broadcast(&h.c);
+  pthread_mutex_unlock(&h.m);
+  waiter_wait(w);
+  kvt__fault_set(NULL, NULL);
+  pthread_mutex_lock(&w->m);
+  w->pending = N - DEPTH;
+  pthread_mutex_unlock(&w->m);
+  assert_int_equal(kvt__disk_try_read_batch(f->d, io + DEPTH, N - DEPTH, on_done), N - DEPTH);
+  waiter_wait(w);
+  for (uint32_t i = 0; i < N; i++) {
+    assert_int_equal(w->status[i], 0);
+    assert_true(rec_ok(host(f, i), 400 + i));
+  }
+  assert_int_equal(kvt__disk_try_read_batch(NULL, io, 1, on_done), -EINVAL);
+  free(w);
+}
+
 #define CASE(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
 
 static int run_suite(const char *name) {
@@ -631,7 +854,10 @@ static int run_suite(const char *name) {
       CASE(test_bad_arguments), CASE(test_eio_on_one_write), CASE(test_enospc_on_one_write),
       CASE(test_short_write_is_eio), CASE(test_submit_fault_fails_only_that_request),
       CASE(test_eio_on_read_then_read_again), CASE(test_second_op_on_busy_slot),
-      CASE(test_batches_fail_only_bad_entries),
+      CASE(test_batches_fail_only_bad_entries), CASE(test_a_held_done_does_not_stop_other_reads),
+      CASE(test_reaper_runs_while_checksums_are_held), CASE(test_newest_call_wins_with_parallel_sealing),
+      CASE(test_submit_fault_of_a_sealed_write_reaches_done), CASE(test_flipped_byte_of_a_big_record),
+      CASE(test_try_batch_never_waits),
   };
   return _cmocka_run_group_tests(name, tests, sizeof tests / sizeof tests[0], NULL, NULL);
 }

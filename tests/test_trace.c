@@ -4,8 +4,13 @@
 #include "helpers.h"
 
 #include <errno.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "trace.h"
 
@@ -175,6 +180,90 @@ static void test_multiround_shape(void **state) {
   assert_int_equal(kvt_bench_multiround_make(&o, &t), -EINVAL);
 }
 
+/* A directory is not "Input/output error". */
+static void test_directory_is_named_as_such(void **state) {
+  (void)state;
+  kvt_bench_trace t;
+  kvt_bench_trace_err e;
+  assert_int_equal(kvt_bench_trace_load(kvt_test_tmpdir(), 512, &t, &e), -EISDIR);
+}
+
+/* /dev/zero: refused at its first byte instead of growing one line forever. */
+static void test_dev_zero_is_refused_at_once(void **state) {
+  (void)state;
+  kvt_bench_trace t;
+  kvt_bench_trace_err e;
+  assert_int_equal(kvt_bench_trace_load("/dev/zero", 512, &t, &e), -EINVAL);
+  assert_int_equal(e.line, 1);
+  assert_non_null(strstr(e.msg, "NUL"));
+}
+
+static void *endless_writer(void *arg) {
+  int fd = *(int *)arg;
+  static char xs[65536];
+  memset(xs, 'x', sizeof xs);
+  while (write(fd, xs, sizeof xs) > 0) {
+  }
+  close(fd);
+  return NULL;
+}
+
+/* An endless line without NULs stops at the line limit. */
+static void test_endless_line_stops_at_the_limit(void **state) {
+  (void)state;
+  int p[2];
+  assert_int_equal(pipe(p), 0);
+  signal(SIGPIPE, SIG_IGN);
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, endless_writer, &p[1]), 0);
+  char path[64];
+  snprintf(path, sizeof path, "/proc/self/fd/%d", p[0]);
+  kvt_bench_trace t;
+  kvt_bench_trace_err e;
+  assert_int_equal(kvt_bench_trace_load(path, 512, &t, &e), -EINVAL);
+  assert_non_null(strstr(e.msg, "longer than 64 MiB"));
+  close(p[0]); /* the writer gets EPIPE and ends */
+  pthread_join(th, NULL);
+}
+
+/* Under a memory limit the long line's buffer cannot grow: that is -ENOMEM,
+ * not an end of file after the requests read so far. */
+static void test_out_of_memory_is_not_end_of_file(void **state) {
+  (void)state;
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  skip(); /* sanitizers reserve more address space than any limit leaves */
+#else
+  char path[4096];
+  snprintf(path, sizeof path, "%s/bigline.jsonl", kvt_test_tmpdir());
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs(GOOD GOOD, f);
+  fputs("{\"timestamp\": 5, \"pad\": \"", f);
+  for (int i = 0; i < 40 * 1024; i++) fprintf(f, "%01024d", 0);
+  fputs("\"}\n" GOOD, f);
+  fclose(f);
+  fflush(NULL);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    long pages = 0;
+    FILE *st = fopen("/proc/self/statm", "r");
+    if (!st || fscanf(st, "%ld", &pages) != 1) _exit(5);
+    fclose(st);
+    struct rlimit rl = {(rlim_t)pages * 4096 + (16u << 20), RLIM_INFINITY};
+    if (setrlimit(RLIMIT_AS, &rl) != 0) _exit(6);
+    kvt_bench_trace t;
+    kvt_bench_trace_err e;
+    int rc = kvt_bench_trace_load(path, 512, &t, &e);
+    _exit(rc == -ENOMEM ? 0 : 7);
+  }
+  int status = 0;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+#endif
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_reads_good_lines),
@@ -182,6 +271,10 @@ int main(void) {
       cmocka_unit_test(test_missing_file_and_empty_file),
       cmocka_unit_test(test_bundled_trace_loads),
       cmocka_unit_test(test_multiround_shape),
+      cmocka_unit_test(test_directory_is_named_as_such),
+      cmocka_unit_test(test_dev_zero_is_refused_at_once),
+      cmocka_unit_test(test_endless_line_stops_at_the_limit),
+      cmocka_unit_test(test_out_of_memory_is_not_end_of_file),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

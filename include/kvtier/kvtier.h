@@ -17,10 +17,26 @@
  *    blocks) bookkeeping, never across a copy or an I/O. Exceptions: kvt_open,
  *    kvt_register_layout and kvt_close must not race other calls on the same
  *    cache. Functions marked "may block" wait for copies or I/O.
- *  - Callbacks: none. kvtier never calls into the engine from its threads;
+ *  - Callbacks: none but the optional log handler (kvt_set_log_handler).
+ *    kvtier never calls into the engine from its threads otherwise;
  *    completion is learned by polling or waiting.
- *  - Structs the engine fills have an *_init() that sets defaults and the
- *    `size` field; set fields after calling it. Structs only ever grow.
+ *  - Structs only ever grow, and `size` says which version the caller was
+ *    built with. Structs the engine fills have an *_init() that sets the
+ *    defaults and `size`; set fields after calling it. Any size from the
+ *    struct's first version (KVT_*_SIZE_V1) up is accepted: fields the
+ *    caller's version lacks take their defaults, and a larger size (up to 4 KiB
+ *    more) is accepted when every byte this library does not know is zero
+ *    (else KVT_EVERSION, as for a size below the first version). Structs the
+ *    library fills (stats, lookup results, acquire info, plans): the caller
+ *    sets `size`; at most that many bytes are written and `size` becomes the
+ *    bytes written (fields past it are left untouched).
+ *  - fork(): a cache belongs to the process that opened it. In a child,
+ *    every call on an inherited cache returns KVT_EFORKED (its threads and
+ *    transfers stayed in the parent) and kvt_close frees nothing; open a new
+ *    cache in the child (with another disk_path: the parent keeps its file).
+ *    Python engines using multiprocessing's "fork" start method hit this.
+ *  - Logging: the library never writes to stdout or stderr. Install a
+ *    handler with kvt_set_log_handler to see its warnings.
  *  - Memory: block slots, jobs and requests are allocated at open / layout
  *    registration; lookup, acquire, commit, release and the copy paths do not
  *    allocate.
@@ -71,7 +87,9 @@ KVT_API int kvt_version_number(void);
   XX(KVT_ENOJOB, -3012, "unknown, finished-and-released, or foreign job or request handle") \
   XX(KVT_EUNSUPPORTED, -3013, "not supported by this backend or build")                     \
   XX(KVT_ENAMESPACE, -3014, "stored data belongs to another model, layout or format")       \
-  XX(KVT_ETIMEDOUT, -3015, "timed out before the transfer finished")
+  XX(KVT_ETIMEDOUT, -3015, "timed out before the transfer finished")                      \
+  XX(KVT_EFORKED, -3016, "cache belongs to the parent process: a forked child cannot use it") \
+  XX(KVT_ELOCKED, -3017, "disk file is in use by another open cache")
 
 enum {
 #define KVT_XX_ENUM(name, value, text) name = (value),
@@ -81,6 +99,16 @@ enum {
 
 /* A static string for any return code (0, 1, -errno, KVT_E*). Never NULL. */
 KVT_API const char *kvt_strerror(int code);
+
+/* Log levels of kvt_set_log_handler messages. */
+enum { KVT_LOG_ERROR = 0, KVT_LOG_WARN = 1, KVT_LOG_INFO = 2 };
+typedef void (*kvt_log_fn)(void *ctx, int level, const char *msg);
+/* Installs the process-wide log handler (NULL: none, the default). It is
+ * called on whichever thread notices the event (library threads included:
+ * the one documented exception to "no callbacks"), with a one-line message
+ * and no kvtier lock held; it must not call back into the cache. Messages:
+ * disk I/O fallbacks, a disk tier started fresh, preallocation failures. */
+KVT_API void kvt_set_log_handler(kvt_log_fn fn, void *ctx);
 
 /* ------------------------------------------------------------------ */
 /* Keys                                                                */
@@ -148,24 +176,55 @@ typedef struct kvt_config {
                               * per GiB with huge pages, 0.4-1 s without */
   int host_mlock;            /* mlock the host pool when no CUDA pinning (0) */
 
-  /* Disk tier (T2). A file that holds another namespace or format (another
-   * model, layout, rank, tenant or kvtier version) is left untouched and
-   * kvtier starts clean in "<disk_path>.<namespace hex>" beside it; with
-   * disk_reset = 1 the file's old contents are discarded instead. Blocks
-   * whose write completed survive a restart with the same path and
-   * namespace; blocks only in RAM do not. */
+  /* Disk tier (T2): a file (preallocated in full, holes of a sparse file
+   * included; kvt_register_layout fails with -ENOSPC, leaving the file as
+   * it was, when the filesystem cannot hold it) or a block device.
+   * - Another namespace or format (another model, layout, rank, tenant or
+   *   kvtier version): a regular file is left untouched and kvtier starts
+   *   clean in "<disk_path>.<namespace hex>" beside it; a block device
+   *   holding another kvtier namespace is taken over (started empty; never
+   *   a file beside it), one holding other data is refused (KVT_ENAMESPACE).
+   *   disk_reset = 1 discards whatever the path holds instead.
+   * - Resize: another disk_blocks for the same namespace is not another
+   *   namespace. Growing keeps every block; shrinking keeps what fits
+   *   (blocks past the new end move into free slots below it, newest
+   *   first) and drops the rest (stats: disk_resize_moved/_dropped); a file
+   *   follows the new size.
+   * - A damaged superblock starts the tier empty in place: counted in
+   *   disk_fresh_starts and logged, never an error.
+   * - Reopen cost: kvt_register_layout reads each slot's record header and
+   *   token ids only (512 B per slot where the file takes direct reads of
+   *   512 B, else 4 KiB), never payloads: a fetch verifies the payload's
+   *   checksum anyway. A full 1 GiB tier of 64 KiB blocks reads 7.9 MB
+   *   (1/136 of it); of 4 KiB blocks, 1/16. Records whose payload was torn
+   *   by a crash are found at their first fetch, a counted miss.
+   * - Durability: a block is "on disk" once its record write completed.
+   *   Such blocks survive a process crash or kill with the same path and
+   *   namespace. By default records are not flushed from the OS's cache:
+   *   after a power loss or kernel crash recent blocks may be missing (never
+   *   wrong: every record is checksummed). disk_durable = 1 opens the file
+   *   O_DSYNC, so a write completes only once it is on stable storage and
+   *   completed blocks survive power loss too (at a cost in spill throughput
+   *   that depends on the drive). Blocks only in RAM survive nothing. */
   const char *disk_path;     /* file or block device; NULL = no disk tier */
   uint64_t disk_blocks;      /* record slots on disk */
-  uint32_t disk_queue_depth; /* in-flight I/Os (32) */
+  uint32_t disk_queue_depth; /* in-flight I/Os (32; 1..4096, checked by kvt_open) */
   kvt_disk_backend disk_backend; /* KVT_DISK_AUTO */
   int disk_reset;            /* 1: discard whatever the file holds (0) */
   kvt_write_policy write_policy; /* KVT_WRITE_BACK */
 
   /* Capacities of preallocated bookkeeping. */
-  uint32_t max_requests;     /* concurrently acquired requests (1024) */
+  uint32_t max_requests;     /* concurrently acquired requests (1024; at most 2^20) */
   uint32_t max_jobs;         /* transfers in flight, internal ones included (256) */
   uint32_t max_job_blocks;   /* blocks one transfer may carry (8192) */
+
+  /* Appended after the first version (KVT_CONFIG_SIZE_V1). */
+  int disk_durable;          /* 1: a block counts as on disk only once it is on stable
+                                storage (the file is opened O_DSYNC) (0) */
 } kvt_config;
+
+/* Size of each struct's first version: the smallest `size` accepted. */
+#define KVT_CONFIG_SIZE_V1 (offsetof(kvt_config, max_job_blocks) + sizeof(uint32_t))
 
 KVT_API void kvt_config_init(kvt_config *cfg);
 
@@ -196,6 +255,7 @@ typedef struct kvt_layout {
 } kvt_layout;
 
 #define KVT_LAYOUT_METADATA_ONLY 0x1u
+#define KVT_LAYOUT_SIZE_V1 (offsetof(kvt_layout, flags) + sizeof(uint32_t))
 
 KVT_API void kvt_layout_init(kvt_layout *layout);
 
@@ -205,27 +265,45 @@ KVT_API void kvt_layout_init(kvt_layout *layout);
 
 typedef struct kvt_cache kvt_cache;
 
-/* Opens a cache. Allocates the tier map, jobs and requests; opens the disk
- * tier's file (recovery of its blocks waits until the layout is known).
- * With cfg->device = KVT_DEVICE_CUDA, a build without the CUDA backend
- * returns KVT_ENODEV here; a build with it but no usable GPU returns
- * KVT_ENODEV from kvt_register_layout.
- * On success *out owns everything; free it with kvt_close. May block. */
+/* Opens a cache: checks and copies the configuration (strings included).
+ * The tier map, jobs, requests, host pool and disk file come with
+ * kvt_register_layout, once the layout is known. Returns 0, -EINVAL (a
+ * field out of range), KVT_EVERSION (cfg->size), -ENOMEM, or KVT_ENODEV:
+ * with cfg->device = KVT_DEVICE_CUDA, a build without the CUDA backend
+ * returns it here; a build with it but no usable GPU returns it from
+ * kvt_register_layout. On success *out owns everything; free it with
+ * kvt_close. Does not block. */
 KVT_API int kvt_open(const kvt_config *cfg, kvt_cache **out);
 
 /* Registers the engine's KV layout; must precede every block operation.
  * Computes the namespace (config + layout geometry), allocates the host
  * pool (pinned through the device backend when it can), and recovers the
  * disk tier's blocks written under the same namespace. Once per cache.
- * The segments array is copied. May block. After a failure the cache can
- * only be closed (a second call returns KVT_ESTATE). */
+ * The segments array is copied. May block.
+ * Layout rules (else -EINVAL, the cache unchanged and the call may be
+ * repeated): every segment's slots, base + s * stride for s < num_slots plus
+ * bytes, lie inside the address space (spans below 2^56 bytes); no two
+ * segments share a byte in any slot (interleaved segments of one stride are
+ * fine); a block's bytes (sum over segments) are at most 1 GiB.
+ * Returns 0, -EINVAL, KVT_EVERSION (struct size), -E2BIG (more than 2^30
+ * slots in all), KVT_ENODEV, -ENOMEM, or for the disk tier -errno (the
+ * path cannot be opened, created or preallocated: -ENOENT, -EACCES,
+ * -ENOSPC...), KVT_ELOCKED (another open cache holds disk_path).
+ * kvt_error_detail() names the segment or path at fault. After a failure
+ * past validation the cache can only be closed (KVT_ESTATE). */
 KVT_API int kvt_register_layout(kvt_cache *c, const kvt_layout *layout);
 
-/* Waits for every transfer in flight, then frees everything. NULL is fine. */
+/* Waits for every transfer in flight, then frees everything. NULL is fine.
+ * In a forked child it frees nothing (see fork() above). */
 KVT_API void kvt_close(kvt_cache *c);
 
 /* Bytes of one block (sum of segment bytes over layers); 0 for metadata-only. */
 KVT_API size_t kvt_block_bytes(const kvt_cache *c);
+/* Why the last failed kvt_register_layout failed, naming the path or the
+ * segment at fault ("disk_path /x: cannot open: Permission denied"), or ""
+ * when it did not fail. Valid until the next kvt_register_layout or
+ * kvt_close of this cache; like kvt_register_layout it must not race them. */
+KVT_API const char *kvt_error_detail(const kvt_cache *c);
 /* The namespace key (valid after kvt_register_layout). */
 KVT_API int kvt_namespace(const kvt_cache *c, kvt_key *ns);
 /* Name of the device backend in use ("host", "cuda") and of the disk backend
@@ -265,6 +343,7 @@ typedef struct kvt_lookup_result {
   /* The prefix's blocks counted by the fastest tier holding each. */
   uint32_t n_device, n_host, n_disk;
 } kvt_lookup_result;
+#define KVT_LOOKUP_RESULT_SIZE_V1 (offsetof(kvt_lookup_result, n_disk) + sizeof(uint32_t))
 
 /* Longest cached prefix of keys[0..n), split by tier. No side effects: it
  * neither pins nor touches, so a scheduler may ask again later. Optional
@@ -273,6 +352,10 @@ KVT_API int kvt_lookup(kvt_cache *c, const kvt_key *keys, size_t n, kvt_lookup_r
                        uint8_t *tier_of_block);
 
 #include "kvtier/cost.h"
+
+#define KVT_MODEL_DESC_SIZE_V1 (offsetof(kvt_model_desc, v_head_dim) + sizeof(uint32_t))
+#define KVT_HW_DESC_SIZE_V1 (offsetof(kvt_hw_desc, overlap) + sizeof(int))
+#define KVT_PLAN_SIZE_V1 (offsetof(kvt_plan, in_overlap) + sizeof(int))
 
 /* Plans a request of n_tokens tokens whose full blocks have keys[0..n_blocks):
  * looks the prefix up and asks the cost model (kvt_set_cost_model) how many
@@ -291,6 +374,7 @@ typedef struct kvt_acquire_info {
   uint32_t n_loading;    /* of which copied from host or disk */
   uint32_t n_from_disk;  /* of which fetched from disk first */
 } kvt_acquire_info;
+#define KVT_ACQUIRE_INFO_SIZE_V1 (offsetof(kvt_acquire_info, n_from_disk) + sizeof(uint32_t))
 
 #define KVT_ACQUIRE_NOWAIT 0x1u /* KVT_EAGAIN instead of waiting for evictions */
 
@@ -309,11 +393,36 @@ KVT_API int kvt_acquire(kvt_cache *c, const kvt_key *keys, const uint32_t *token
                         size_t restore, size_t extra_slots, uint32_t flags, kvt_req *req,
                         uint32_t *slots, kvt_acquire_info *info);
 
+/* kvt_acquire for keys that continue a chain: keys[0]'s parent is *parent
+ * (the key of the block before it, e.g. from an earlier request), not the
+ * namespace. kvt_acquire, kvt_lookup and kvt_plan_request take keys that
+ * start the sequence: a tail passed to them is looked up and cached as if
+ * its first block had no predecessor, so it neither finds nor leaves
+ * entries the full chain can use. parent NULL is kvt_acquire. */
+KVT_API int kvt_acquire_after(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, const uint32_t *tokens,
+                              size_t n_blocks, size_t restore, size_t extra_slots, uint32_t flags, kvt_req *req,
+                              uint32_t *slots, kvt_acquire_info *info);
+
 /* Load progress of a request. *n_ready (may be NULL) receives the number of
  * leading blocks whose KV is valid on the device: when the call returns 0
- * it is final, and blocks [n_ready, n_restore) failed to load (I/O error,
- * checksum, mismatch) and must be recomputed into the slots they were given. */
+ * it is final, and blocks [n_ready, n_blocks) must be computed into the
+ * slots they were given. Every one of those slots is the request's own:
+ * a device hit (a slot shared with other requests) is only ever restored
+ * in the leading run before the first block that is copied, so a failed
+ * copy never leaves a shared slot after n_ready. */
 KVT_API int kvt_request_poll(kvt_cache *c, kvt_req req, uint32_t *n_ready);
+
+/* Per-block outcome of a request's restore (kvt_request_block_states). */
+enum {
+  KVT_BLOCK_READY = 0,   /* holds valid KV (restored or a device hit): do not write it */
+  KVT_BLOCK_FAILED = 1,  /* its copy failed (I/O error, checksum, mismatch): compute it */
+  KVT_BLOCK_COMPUTE = 2  /* not restored (a miss, past the plan, or cancelled after a failure): compute it */
+};
+/* states[0..n) (n <= the request's keyed blocks) receive KVT_BLOCK_* per
+ * block once the loads are over: [0, n_ready) READY, the rest FAILED or
+ * COMPUTE, all in slots of the request's own. Returns 0, 1 while loads are
+ * in flight (nothing written), KVT_ENOJOB, -EINVAL. Never blocks. */
+KVT_API int kvt_request_block_states(kvt_cache *c, kvt_req req, uint8_t *states, size_t n);
 /* As poll, but waits (timeout_ns < 0: forever; else KVT_ETIMEDOUT). May block. */
 KVT_API int kvt_request_wait(kvt_cache *c, kvt_req req, int64_t timeout_ns, uint32_t *n_ready);
 /* 0 when layer `layer` of every loading block has landed, 1 if not yet. */
@@ -405,7 +514,9 @@ KVT_API int kvt_set_cost_model(kvt_cache *c, const kvt_model_desc *model, const 
  * Later plans follow such reports (EWMA). Transfers the library runs are
  * measured and fed back the same way. */
 KVT_API int kvt_report_prefill(kvt_cache *c, uint64_t from_token, uint64_t to_token, double seconds);
-/* The hardware description as calibrated so far. */
+/* The hardware description as calibrated so far: a whole kvt_hw_desc of
+ * this library's version (its size field set); the caller's size is not
+ * read. KVT_ESTATE before kvt_set_cost_model. */
 KVT_API int kvt_get_calibrated_hw(kvt_cache *c, kvt_hw_desc *hw);
 
 /* ------------------------------------------------------------------ */
@@ -430,9 +541,17 @@ typedef struct kvt_stats {
   uint64_t jobs_started, jobs_failed; /* failed: finished with an error (cancelled ones apart) */
   uint64_t resident_device, resident_host, resident_disk; /* slots in use per tier */
   uint64_t disk_recovered, disk_discarded; /* at kvt_register_layout */
-  uint64_t metadata_bytes; /* tier map, jobs and requests */
+  uint64_t metadata_bytes; /* tier map, jobs, request table and request refs */
   uint64_t jobs_cancelled;
+  /* At kvt_register_layout: the disk tier started empty because its
+   * superblock was damaged (or a block device held another namespace). */
+  uint64_t disk_fresh_starts;
+  /* At kvt_register_layout after disk_blocks changed: records moved below
+   * the new end, and records that did not fit (dropped). */
+  uint64_t disk_resize_moved, disk_resize_dropped;
+  uint64_t disk_recover_bytes; /* bytes read from the disk tier to recover it */
 } kvt_stats;
+#define KVT_STATS_SIZE_V1 offsetof(kvt_stats, jobs_cancelled)
 
 KVT_API int kvt_get_stats(kvt_cache *c, kvt_stats *st);
 

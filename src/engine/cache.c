@@ -1,5 +1,6 @@
 /* Lifecycle (open, layout registration, close), keys, stats, cost model. */
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,7 +10,18 @@
 #include "core/hash.h"
 #include "engine/engine.h"
 #include "store/record.h"
+#include "util/abi.h"
 #include "util/clock.h"
+#include "util/fault.h"
+#include "util/fork.h"
+#include "util/log.h"
+
+/* Bookkeeping caps: far above any real deployment, low enough that the
+ * tables they size cannot overflow 32-bit indices or exhaust memory by typo. */
+#define MAX_REQUESTS (1u << 20)
+#define MAX_QUEUE_DEPTH 4096u
+#define MAX_BLOCK_BYTES ((size_t)1 << 30)
+#define MAX_SEGMENT_SPAN (UINT64_C(1) << 56)
 
 void kvt_config_init(kvt_config *cfg) {
   if (!cfg) return;
@@ -39,24 +51,50 @@ static int config_ok(const kvt_config *cfg) {
   if (!cfg->model_fingerprint || !cfg->model_fingerprint[0]) return 0;
   if (cfg->tp_size == 0 || cfg->tp_rank >= cfg->tp_size) return 0;
   if (cfg->max_requests == 0 || cfg->max_jobs == 0 || cfg->max_job_blocks == 0) return 0;
+  if (cfg->max_requests > MAX_REQUESTS) return 0;
   if (cfg->device < KVT_DEVICE_AUTO || cfg->device > KVT_DEVICE_CUDA) return 0;
   if (cfg->disk_backend < KVT_DISK_AUTO || cfg->disk_backend > KVT_DISK_THREADS) return 0;
   if (cfg->disk_path && !cfg->disk_blocks) return 0;
+  if (cfg->disk_queue_depth == 0 || cfg->disk_queue_depth > MAX_QUEUE_DEPTH) return 0;
   if (cfg->disk_blocks > UINT32_MAX - 1 || cfg->host_blocks > UINT32_MAX - 1) return 0;
   return 1;
 }
 
-int kvt_open(const kvt_config *cfg, kvt_cache **out) {
-  if (!cfg || !out) return -EINVAL;
+/* Test hook: KVT_FAULT_ALLOC makes the allocation numbered `what` fail. */
+static void *alloc_or_fault(int what, void *p) {
+  if (p && kvt__fault_check(KVT_FAULT_ALLOC, what)) {
+    free(p);
+    return NULL;
+  }
+  return p;
+}
+
+static char *dup_or_fault(int what, const char *s) { return s ? alloc_or_fault(what, strdup(s)) : NULL; }
+
+int kvt_open(const kvt_config *user, kvt_cache **out) {
+  if (!user || !out) return -EINVAL;
   *out = NULL;
-  if (cfg->size != sizeof(kvt_config)) return KVT_EVERSION;
+  kvt_config cfg_v;
+  kvt_config_init(&cfg_v);
+  int rc = kvt__struct_in(&cfg_v, sizeof cfg_v, user, user->size, KVT_CONFIG_SIZE_V1);
+  if (rc) return rc;
+  const kvt_config *cfg = &cfg_v;
   if (!config_ok(cfg)) return -EINVAL;
   if (cfg->device == KVT_DEVICE_CUDA && !kvt_dev_backend_cuda()) return KVT_ENODEV;
+  kvt__fork_watch();
   kvt_cache *c = calloc(1, sizeof *c);
   if (!c) return -ENOMEM;
+  /* The lock first: kvt_close destroys it on every path below. */
+  pthread_mutex_init(&c->lock, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&c->cond, &ca);
+  pthread_condattr_destroy(&ca);
+  c->fork_gen = kvt__fork_gen();
   c->cfg = *cfg;
-  c->model_fp = strdup(cfg->model_fingerprint);
-  c->disk_path = cfg->disk_path ? strdup(cfg->disk_path) : NULL;
+  c->model_fp = dup_or_fault(KVT_ALLOC_OPEN_FINGERPRINT, cfg->model_fingerprint);
+  c->disk_path = dup_or_fault(KVT_ALLOC_OPEN_DISK_PATH, cfg->disk_path);
   if (!c->model_fp || (cfg->disk_path && !c->disk_path)) {
     kvt_close(c);
     return -ENOMEM;
@@ -64,12 +102,6 @@ int kvt_open(const kvt_config *cfg, kvt_cache **out) {
   c->cfg.model_fingerprint = c->model_fp;
   c->cfg.disk_path = c->disk_path;
   c->bt = cfg->block_tokens;
-  pthread_mutex_init(&c->lock, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&c->cond, &ca);
-  pthread_condattr_destroy(&ca);
   c->st.size = sizeof c->st;
   struct {
     void *p;
@@ -80,17 +112,103 @@ int kvt_open(const kvt_config *cfg, kvt_cache **out) {
   return 0;
 }
 
-static int layout_ok(const kvt_layout *l) {
-  if (l->size != sizeof(kvt_layout)) return 0;
-  if (!l->num_layers || !l->segments_per_layer || !l->num_slots || l->num_slots == UINT32_MAX) return 0;
-  if ((uint64_t)l->num_layers * l->segments_per_layer > 65536) return 0;
-  if (l->flags & KVT_LAYOUT_METADATA_ONLY) return 1;
-  if (!l->segments) return 0;
-  for (uint32_t i = 0; i < l->num_layers * l->segments_per_layer; i++) {
-    const kvt_segment *s = &l->segments[i];
-    if (!s->base || !s->bytes || s->stride < s->bytes) return 0;
+static void set_detail(kvt_cache *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void set_detail(kvt_cache *c, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(c->detail, sizeof c->detail, fmt, ap);
+  va_end(ap);
+}
+
+/* Slot s of a segment is [base + s * stride, + bytes): the whole segment
+ * must lie inside the address space, or a copy would wrap to low memory. */
+static int segment_ok(kvt_cache *c, const kvt_segment *s, uint32_t i, uint32_t num_slots) {
+  uintptr_t base = (uintptr_t)s->base;
+  if (!s->base || !s->bytes || s->stride < s->bytes) {
+    set_detail(c, "segment %u: base NULL, bytes 0, or stride %zu below bytes %zu", i, s->stride, s->bytes);
+    return 0;
+  }
+  /* Bytes from base to the top of the address space, and no more than any
+   * machine maps (user space ends at 2^47..2^56 on 64-bit CPUs). */
+  uintptr_t room = UINTPTR_MAX - base;
+  if (UINTPTR_MAX > MAX_SEGMENT_SPAN && room > MAX_SEGMENT_SPAN) room = (uintptr_t)MAX_SEGMENT_SPAN;
+  if (s->bytes > room || (num_slots > 1 && s->stride > (room - s->bytes) / (num_slots - 1))) {
+    set_detail(c, "segment %u: %u slots of stride %zu from %p pass the end of the address space", i, num_slots,
+               s->stride, s->base);
+    return 0;
   }
   return 1;
+}
+
+typedef struct seg_span {
+  uintptr_t lo, hi; /* [lo, hi): first slot's start to last slot's end */
+  uint32_t index;
+} seg_span;
+
+static int span_cmp(const void *a, const void *b) {
+  const seg_span *x = a, *y = b;
+  return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+/* Two segments collide when some slot of one shares a byte with a slot of
+ * the other. Disjoint spans never do; interleaved spans with one stride
+ * (K and V of a FlashInfer block) do not when their offsets within the
+ * stride keep apart; anything else whose spans meet is refused. */
+static int segments_collide(const kvt_segment *a, const kvt_segment *b, const seg_span *sa, const seg_span *sb) {
+  if (sa->hi <= sb->lo || sb->hi <= sa->lo) return 0;
+  if (a->stride != b->stride) return 1;
+  size_t st = a->stride;
+  uintptr_t pa = (uintptr_t)a->base, pb = (uintptr_t)b->base;
+  size_t d = pb >= pa ? (size_t)((pb - pa) % st) : (size_t)(st - (pa - pb) % st) % st; /* b's offset from a */
+  return !(a->bytes <= d && d + b->bytes <= st);
+}
+
+static int segments_disjoint(kvt_cache *c, const kvt_segment *seg, uint32_t n, uint32_t num_slots) {
+  seg_span *sp = malloc(sizeof *sp * n);
+  if (!sp) return -ENOMEM;
+  for (uint32_t i = 0; i < n; i++) {
+    sp[i].lo = (uintptr_t)seg[i].base;
+    sp[i].hi = sp[i].lo + (uintptr_t)(num_slots - 1) * seg[i].stride + seg[i].bytes;
+    sp[i].index = i;
+  }
+  qsort(sp, n, sizeof *sp, span_cmp);
+  int ok = 1;
+  for (uint32_t i = 0; ok && i < n; i++)
+    for (uint32_t j = i + 1; ok && j < n && sp[j].lo < sp[i].hi; j++)
+      if (segments_collide(&seg[sp[i].index], &seg[sp[j].index], &sp[i], &sp[j])) {
+        set_detail(c, "segments %u and %u overlap", sp[i].index < sp[j].index ? sp[i].index : sp[j].index,
+                   sp[i].index < sp[j].index ? sp[j].index : sp[i].index);
+        ok = 0;
+      }
+  free(sp);
+  return ok ? 0 : -EINVAL;
+}
+
+static int layout_ok(kvt_cache *c, const kvt_layout *l) {
+  if (!l->num_layers || !l->segments_per_layer || !l->num_slots || l->num_slots == UINT32_MAX) {
+    set_detail(c, "num_layers, segments_per_layer and num_slots must be at least 1");
+    return -EINVAL;
+  }
+  if ((uint64_t)l->num_layers * l->segments_per_layer > 65536) {
+    set_detail(c, "more than 65536 segments");
+    return -EINVAL;
+  }
+  if (l->flags & KVT_LAYOUT_METADATA_ONLY) return 0;
+  if (!l->segments) {
+    set_detail(c, "segments is NULL without KVT_LAYOUT_METADATA_ONLY");
+    return -EINVAL;
+  }
+  uint32_t n = l->num_layers * l->segments_per_layer;
+  size_t total = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    if (!segment_ok(c, &l->segments[i], i, l->num_slots)) return -EINVAL;
+    if (l->segments[i].bytes > MAX_BLOCK_BYTES - total) {
+      set_detail(c, "a block's bytes (sum over segments) pass %zu", MAX_BLOCK_BYTES);
+      return -EINVAL;
+    }
+    total += l->segments[i].bytes;
+  }
+  return segments_disjoint(c, l->segments, n, l->num_slots);
 }
 
 static int open_device(kvt_cache *c) {
@@ -103,10 +221,12 @@ static int open_device(kvt_cache *c) {
   return rc;
 }
 
-static void compute_namespace(kvt_cache *c) {
+static int compute_namespace(kvt_cache *c) {
   uint32_t n = c->layout.num_layers * c->layout.segments_per_layer;
-  uint64_t *bytes = calloc(n, sizeof *bytes);
-  for (uint32_t i = 0; bytes && i < n; i++) bytes[i] = c->metadata_only ? 0 : c->segments[i].bytes;
+  /* Without the geometry two layouts could share a namespace: fail instead. */
+  uint64_t *bytes = alloc_or_fault(KVT_ALLOC_NAMESPACE, calloc(n, sizeof *bytes));
+  if (!bytes) return -ENOMEM;
+  for (uint32_t i = 0; i < n; i++) bytes[i] = c->metadata_only ? 0 : c->segments[i].bytes;
   kvt__ns_input in = {
       .model_fingerprint = c->cfg.model_fingerprint, .dtype = (uint32_t)c->cfg.dtype,
       .tp_rank = c->cfg.tp_rank, .tp_size = c->cfg.tp_size, .block_tokens = c->bt,
@@ -114,6 +234,7 @@ static void compute_namespace(kvt_cache *c) {
       .segments_per_layer = c->layout.segments_per_layer, .segment_bytes = bytes};
   c->ns = kvt__namespace_key(&in);
   free(bytes);
+  return 0;
 }
 
 static int alloc_tables(kvt_cache *c) {
@@ -158,16 +279,29 @@ static void recovered_block(void *arg, uint64_t slot, const kvt_key *key, const 
   c->st.disk_recovered++;
 }
 
+static int disk_open_at(kvt_cache *c, kvt__disk_cfg *dc, const char *path) {
+  dc->path = path;
+  int rc = kvt__disk_open(dc, &c->disk);
+  if (rc < 0 && !c->detail[0])
+    set_detail(c, "disk_path %s: %s", path, dc->detail[0] ? dc->detail : kvt_strerror(rc));
+  return rc;
+}
+
 static int open_disk(kvt_cache *c) {
   if (!c->disk_path || c->metadata_only) return 0;
+  char why[160] = "";
   c->disk_bufs[0] = c->host.base;
   c->disk_buf_lens[0] = c->host.bytes;
+  /* Recovery reads headers only: every fetch verifies the payload anyway,
+   * so reopening a full tier costs a fraction of its size, not all of it. */
   kvt__disk_cfg dc = {.path = c->disk_path, .slots = c->cap[KVT__T_DISK], .block_tokens = c->bt,
                       .payload_bytes = c->block_bytes, .ns = c->ns, .queue_depth = c->cfg.disk_queue_depth,
                       .backend = c->cfg.disk_backend, .reset = c->cfg.disk_reset,
-                      .bufs = c->disk_bufs, .buf_lens = c->disk_buf_lens, .n_bufs = c->host.base ? 1 : 0};
+                      .bufs = c->disk_bufs, .buf_lens = c->disk_buf_lens, .n_bufs = c->host.base ? 1 : 0,
+                      .recover_headers_only = 1, .durable = c->cfg.disk_durable,
+                      .detail = why, .detail_len = sizeof why};
   int rc = kvt__disk_open(&dc, &c->disk);
-  if (rc == KVT_ENAMESPACE && !c->cfg.disk_reset) {
+  if (rc == KVT_ENAMESPACE && !c->cfg.disk_reset && kvt__disk_side_file_ok(c->disk_path)) {
     /* Another model, layout or format owns that file: start clean in a
      * file of our own beside it and leave theirs untouched. */
     char *alt = malloc(strlen(c->disk_path) + 40);
@@ -176,8 +310,9 @@ static int open_disk(kvt_cache *c) {
     free(c->disk_path);
     c->disk_path = alt;
     c->cfg.disk_path = alt;
-    dc.path = alt;
-    rc = kvt__disk_open(&dc, &c->disk);
+    rc = disk_open_at(c, &dc, alt);
+  } else if (rc < 0) {
+    set_detail(c, "disk_path %s: %s", c->disk_path, why[0] ? why : kvt_strerror(rc));
   }
   if (rc < 0) return rc;
   recovery rv = {c, calloc(c->cap[KVT__T_DISK], 1)};
@@ -187,15 +322,33 @@ static int open_disk(kvt_cache *c) {
   c->st.disk_discarded = discarded;
   kvt__slots_rebuild(&c->slots[KVT__T_DISK], rv.used);
   free(rv.used);
-  return rc;
+  kvt__disk_stats ds;
+  kvt__disk_get_stats(c->disk, &ds);
+  c->st.disk_fresh_starts = ds.fresh_starts;
+  c->st.disk_resize_moved = ds.resize_moved;
+  c->st.disk_resize_dropped = ds.resize_dropped;
+  c->st.disk_recover_bytes = ds.recover_bytes;
+  return rc < 0 ? rc : 0;
 }
 
-int kvt_register_layout(kvt_cache *c, const kvt_layout *layout) {
-  if (!c || !layout) return -EINVAL;
+int kvt_register_layout(kvt_cache *c, const kvt_layout *user) {
+  if (!c || !user) return -EINVAL;
+  if (kvt__forked(c)) return KVT_EFORKED;
   if (c->layout_ready || c->register_failed) return KVT_ESTATE;
-  if (layout->size != sizeof(kvt_layout)) return KVT_EVERSION;
-  if (!layout_ok(layout)) return -EINVAL;
-  if (c->cfg.host_blocks + c->cfg.disk_blocks + layout->num_slots > (1u << 30)) return -E2BIG;
+  c->detail[0] = '\0';
+  kvt_layout lv;
+  kvt_layout_init(&lv);
+  int rc = kvt__struct_in(&lv, sizeof lv, user, user->size, KVT_LAYOUT_SIZE_V1);
+  if (rc) {
+    set_detail(c, "kvt_layout size %u is not one this library knows", user->size);
+    return rc;
+  }
+  const kvt_layout *layout = &lv;
+  if ((rc = layout_ok(c, layout)) != 0) return rc;
+  if (c->cfg.host_blocks + c->cfg.disk_blocks + layout->num_slots > (1u << 30)) {
+    set_detail(c, "device + host + disk slots pass 2^30");
+    return -E2BIG;
+  }
   c->layout = *layout;
   c->metadata_only = (layout->flags & KVT_LAYOUT_METADATA_ONLY) != 0;
   uint32_t nseg = layout->num_layers * layout->segments_per_layer;
@@ -210,14 +363,17 @@ int kvt_register_layout(kvt_cache *c, const kvt_layout *layout) {
   c->cap[KVT__T_DEV] = layout->num_slots;
   c->cap[KVT__T_HOST] = c->cfg.host_blocks;
   c->cap[KVT__T_DISK] = c->cfg.disk_path || c->metadata_only ? c->cfg.disk_blocks : 0;
-  compute_namespace(c);
-  int rc = c->metadata_only ? 0 : open_device(c);
+  rc = compute_namespace(c);
+  if (rc == 0 && !c->metadata_only) rc = open_device(c);
+  if (rc < 0 && !c->detail[0]) set_detail(c, "device backend: %s", kvt_strerror(rc));
   if (rc == 0) rc = alloc_tables(c);
   for (uint32_t j = 0; rc == 0 && !c->metadata_only && j < c->cfg.max_jobs; j++)
     rc = kvt__dev_xfer_prepare(&c->dev, &c->jobs[j].xfer);
   if (rc == 0 && !c->metadata_only)
     rc = kvt__host_pool_init(&c->host, &c->dev, c->cap[KVT__T_HOST], c->record_bytes, c->cfg.host_mlock);
+  if (rc < 0 && !c->detail[0]) set_detail(c, "tables and host pool: %s", kvt_strerror(rc));
   if (rc == 0) rc = open_disk(c);
+  if (rc < 0 && !c->detail[0]) set_detail(c, "disk_path %s: %s", c->disk_path, kvt_strerror(rc));
   if (rc < 0) {
     c->register_failed = 1; /* kvt_close frees what was set up */
     return rc;
@@ -229,6 +385,7 @@ int kvt_register_layout(kvt_cache *c, const kvt_layout *layout) {
 
 int kvt_drain(kvt_cache *c) {
   if (!c) return -EINVAL;
+  if (kvt__forked(c)) return KVT_EFORKED;
   kvt__flush_submits(c);
   pthread_mutex_lock(&c->lock);
   while (c->inflight || c->submitting) pthread_cond_wait(&c->cond, &c->lock);
@@ -238,6 +395,10 @@ int kvt_drain(kvt_cache *c) {
 
 void kvt_close(kvt_cache *c) {
   if (!c) return;
+  /* A forked child: the workers, the ring and maybe a holder of c->lock
+   * stayed in the parent. Joining or freeing here could hang or corrupt
+   * the copy-on-write image, so the child's copy is left as it is. */
+  if (kvt__forked(c)) return;
   if (c->jobs) kvt_drain(c);
   if (c->disk) kvt__disk_close(c->disk);
   kvt__jobs_fini(c);
@@ -256,17 +417,18 @@ void kvt_close(kvt_cache *c) {
   free(c->segments);
   free(c->model_fp);
   free(c->disk_path);
-  if (c->model_fp || c->cfg.size) {
-    pthread_mutex_destroy(&c->lock);
-    pthread_cond_destroy(&c->cond);
-  }
+  pthread_mutex_destroy(&c->lock);
+  pthread_cond_destroy(&c->cond);
   free(c);
 }
 
 size_t kvt_block_bytes(const kvt_cache *c) { return c ? c->block_bytes : 0; }
 
+const char *kvt_error_detail(const kvt_cache *c) { return c ? c->detail : ""; }
+
 int kvt_namespace(const kvt_cache *c, kvt_key *ns) {
   if (!c || !ns) return -EINVAL;
+  if (kvt__forked(c)) return KVT_EFORKED;
   if (!c->layout_ready) return KVT_ELAYOUT;
   *ns = c->ns;
   return 0;
@@ -285,6 +447,7 @@ const char *kvt_disk_backend_name(const kvt_cache *c) {
 int kvt_hash_tokens(const kvt_cache *c, const kvt_key *parent, const uint32_t *tokens, size_t n_tokens,
                     kvt_key *keys, size_t max_keys, size_t *n_keys) {
   if (!c || (n_tokens && !tokens) || !n_keys) return -EINVAL;
+  if (kvt__forked(c)) return KVT_EFORKED;
   if (!c->layout_ready) return KVT_ELAYOUT;
   size_t n = n_tokens / c->bt;
   *n_keys = n;
@@ -296,29 +459,44 @@ int kvt_hash_tokens(const kvt_cache *c, const kvt_key *parent, const uint32_t *t
 
 int kvt_keys_from_opaque(const kvt_cache *c, const void *opaque, size_t key_bytes, size_t n, kvt_key *keys) {
   if (!c || (n && (!opaque || !keys)) || key_bytes == 0) return -EINVAL;
+  if (kvt__forked(c)) return KVT_EFORKED;
   if (!c->layout_ready) return KVT_ELAYOUT;
   for (size_t i = 0; i < n; i++) keys[i] = kvt__opaque_key(&c->ns, (const char *)opaque + i * key_bytes, key_bytes);
   return 0;
 }
 
-int kvt_get_stats(kvt_cache *c, kvt_stats *st) {
-  if (!c || !st || st->size < sizeof *st) return -EINVAL;
+int kvt_get_stats(kvt_cache *c, kvt_stats *out) {
+  if (!c || !out) return -EINVAL;
+  if (kvt__forked(c)) return KVT_EFORKED;
+  if (out->size < KVT_STATS_SIZE_V1) return KVT_EVERSION;
+  kvt_stats st;
   pthread_mutex_lock(&c->lock);
-  *st = c->st;
-  st->resident_device = c->cap[0] - c->slots[0].n_free;
-  st->resident_host = c->cap[1] - c->slots[1].n_free;
-  st->resident_disk = c->cap[2] - c->slots[2].n_free;
-  st->metadata_bytes = kvt__index_bytes(&c->map) + (size_t)c->cfg.max_jobs * c->cfg.max_job_blocks *
-                       (sizeof(kvt__op) + sizeof(uint32_t) + sizeof(void *)) +
-                       (size_t)c->refs_cap * (sizeof(kvt__ref) + 1);
+  st = c->st;
+  st.resident_device = c->cap[0] - c->slots[0].n_free;
+  st.resident_host = c->cap[1] - c->slots[1].n_free;
+  st.resident_disk = c->cap[2] - c->slots[2].n_free;
+  st.metadata_bytes = kvt__index_bytes(&c->map) + (size_t)c->cfg.max_jobs * c->cfg.max_job_blocks *
+                      (sizeof(kvt__op) + sizeof(uint32_t) + sizeof(void *)) +
+                      (size_t)c->refs_cap * (sizeof(kvt__ref) + 1) +
+                      (size_t)c->cfg.max_requests * (sizeof(kvt__request) + sizeof(uint32_t)) +
+                      (size_t)c->cfg.max_jobs * (sizeof(kvt__job) + 2 * sizeof(uint32_t));
   pthread_mutex_unlock(&c->lock);
-  st->size = sizeof *st;
-  return 0;
+  st.size = sizeof st;
+  return kvt__struct_out(out, &st, sizeof st, KVT_STATS_SIZE_V1);
 }
 
-int kvt_set_cost_model(kvt_cache *c, const kvt_model_desc *model, const kvt_hw_desc *hw) {
-  if (!c || !model || !hw) return -EINVAL;
-  if (model->size != sizeof *model || hw->size != sizeof *hw) return KVT_EVERSION;
+int kvt_set_cost_model(kvt_cache *c, const kvt_model_desc *user_model, const kvt_hw_desc *user_hw) {
+  if (!c || !user_model || !user_hw) return -EINVAL;
+  if (kvt__forked(c)) return KVT_EFORKED;
+  kvt_model_desc mv;
+  kvt_hw_desc hv;
+  kvt_model_init(&mv);
+  kvt_hw_init(&hv);
+  int vrc = kvt__struct_in(&mv, sizeof mv, user_model, user_model->size, KVT_MODEL_DESC_SIZE_V1);
+  if (vrc == 0) vrc = kvt__struct_in(&hv, sizeof hv, user_hw, user_hw->size, KVT_HW_DESC_SIZE_V1);
+  if (vrc) return vrc;
+  const kvt_model_desc *model = &mv;
+  const kvt_hw_desc *hw = &hv;
   if (!model->num_layers || hw->num_gpus == 0 || !(isfinite(hw->flops_per_gpu) && hw->flops_per_gpu > 0) ||
       !(isfinite(hw->mfu) && hw->mfu > 0))
     return -EINVAL;
@@ -342,6 +520,7 @@ int kvt_set_cost_model(kvt_cache *c, const kvt_model_desc *model, const kvt_hw_d
 
 int kvt_report_prefill(kvt_cache *c, uint64_t from_token, uint64_t to_token, double seconds) {
   if (!c || to_token <= from_token || !(isfinite(seconds) && seconds > 0)) return -EINVAL;
+  if (kvt__forked(c)) return KVT_EFORKED;
   pthread_mutex_lock(&c->lock);
   int rc = c->have_cost ? 0 : KVT_ESTATE;
   if (rc == 0) kvt__calib_observe_prefill(&c->calib, &c->model, from_token, to_token, seconds);
@@ -351,6 +530,7 @@ int kvt_report_prefill(kvt_cache *c, uint64_t from_token, uint64_t to_token, dou
 
 int kvt_get_calibrated_hw(kvt_cache *c, kvt_hw_desc *hw) {
   if (!c || !hw) return -EINVAL;
+  if (kvt__forked(c)) return KVT_EFORKED;
   pthread_mutex_lock(&c->lock);
   int rc = c->have_cost ? 0 : KVT_ESTATE;
   if (rc == 0) kvt__calib_hw(&c->calib, hw);

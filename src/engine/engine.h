@@ -15,6 +15,7 @@
 #include "kvtier/backend.h"
 #include "store/disk_store.h"
 #include "store/host_pool.h"
+#include "util/fork.h"
 
 enum { KVT__T_DEV = 0, KVT__T_HOST = 1, KVT__T_DISK = 2 };
 
@@ -63,6 +64,7 @@ typedef struct kvt__ref {
   uint32_t entry; /* entry whose device copy this request pins, or NONE (private slot) */
   uint32_t slot;  /* device slot */
   uint8_t tier;   /* restored blocks: the tier it is restored from */
+  uint8_t failed; /* its load failed (kvt_request_block_states) */
 } kvt__ref;
 
 typedef struct kvt__request {
@@ -71,6 +73,7 @@ typedef struct kvt__request {
   uint32_t n_blocks, n_extra, n_restore, n_committed;
   uint32_t job;   /* load job in flight, or KVT__NONE */
   uint32_t ref0;  /* first ref in c->refs (a contiguous run) */
+  kvt_key parent; /* key before block 0: the namespace, or kvt_acquire_after's parent */
 } kvt__request;
 
 struct kvt_cache {
@@ -121,6 +124,8 @@ struct kvt_cache {
   int have_cost;
 
   kvt_stats st;
+  uint32_t fork_gen;   /* kvt__fork_gen() at open: another value means a forked child */
+  char detail[256];    /* kvt_error_detail: why kvt_register_layout failed */
 };
 
 /* jobs.c */
@@ -147,6 +152,9 @@ void kvt__fill_record_identity(kvt_cache *c, uint32_t e, uint32_t dev_slot, uint
 
 /* check.c: 0 if the tier map's invariants hold, else -1 with a reason. */
 int kvt__check_invariants(kvt_cache *c, char *msg, size_t len);
+
+/* A child of fork() has none of the cache's threads: every call refuses. */
+static inline int kvt__forked(const kvt_cache *c) { return c->fork_gen != kvt__fork_gen(); }
 
 static inline kvt__entry *kvt__E(kvt_cache *c, uint32_t e) { return &c->map.entries[e]; }
 static inline int kvt__has_tier(const kvt_cache *c, int t) { return c->cap[t] > 0; }

@@ -113,6 +113,7 @@ static void ref_go_private(kvt_cache *c, kvt__job *jb, kvt__op *op) {
   if (r && r->entry == op->entry) {
     kvt__index_unpin(&c->map, op->entry, KVT__T_DEV);
     r->entry = KVT__NONE;
+    r->failed = op->status != 0; /* else cancelled behind an earlier failure */
     if (op->from_disk) c->st.hits_disk--;
     else c->st.hits_host--;
     c->st.misses++;
@@ -201,6 +202,20 @@ static int fetch_verify(kvt_cache *c, const kvt__op *op) {
   return sum == op->tok_sum ? 0 : KVT_EMISMATCH;
 }
 
+/* A fetch that failed drops the disk copy, whatever the reason: a record
+ * that fails its checks is never trusted again, and one whose read fails
+ * (a bad sector, a file truncated under the cache) would fail every later
+ * request too. Once dropped, the block is recomputed and written anew when
+ * it is next demoted. A cancelled fetch keeps it. */
+static void fetch_failed(kvt_cache *c, uint32_t e, int status) {
+  kvt__entry *en = kvt__E(c, e);
+  if (status == KVT_ECANCELED) return;
+  if (status == KVT_ECORRUPT) c->st.checksum_failures++;
+  else if (status == KVT_EMISMATCH) c->st.verify_mismatches++;
+  else c->st.io_errors++;
+  if (en->state[KVT__T_DISK] == KVT__VALID && en->pins[KVT__T_DISK] == 0) kvt__drop_tier(c, e, KVT__T_DISK);
+}
+
 static void fetch_done(kvt_cache *c, kvt__job *jb, kvt__op *op) {
   uint32_t e = op->entry;
   if (op->status == 0) op->status = fetch_verify(c, op);
@@ -214,15 +229,7 @@ static void fetch_done(kvt_cache *c, kvt__job *jb, kvt__op *op) {
   kvt__index_set_state(&c->map, e, KVT__T_HOST, KVT__ABSENT, 0);
   kvt__slots_put(&c->slots[KVT__T_HOST], op->slot[KVT__T_HOST]);
   if (jb->flags & KVT__JF_LOAD_AFTER) kvt__index_unpin(&c->map, e, KVT__T_HOST);
-  kvt__entry *en = kvt__E(c, e);
-  if (op->status == KVT_ECORRUPT || op->status == KVT_EMISMATCH) {
-    /* Never trust that record again: drop the disk copy. */
-    if (op->status == KVT_ECORRUPT) c->st.checksum_failures++;
-    else c->st.verify_mismatches++;
-    if (en->state[KVT__T_DISK] == KVT__VALID && en->pins[KVT__T_DISK] == 0) kvt__drop_tier(c, e, KVT__T_DISK);
-  } else if (op->status != KVT_ECANCELED) {
-    c->st.io_errors++;
-  }
+  fetch_failed(c, e, op->status);
   if (!(jb->flags & KVT__JF_LOAD_AFTER)) kvt__maybe_remove(c, e);
 }
 

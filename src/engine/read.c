@@ -10,16 +10,24 @@
 #include "core/hash.h"
 #include "engine/engine.h"
 #include "store/record.h"
+#include "util/abi.h"
 #include "util/clock.h"
 
 #define KVT__REQ_CHECK(c)                      \
   do {                                         \
     if (!(c)) return -EINVAL;                  \
+    if (kvt__forked(c)) return KVT_EFORKED;    \
     if (!(c)->layout_ready) return KVT_ELAYOUT; \
   } while (0)
 
+/* The key before keys[i]: the request's chain parent (the namespace for a
+ * request that starts the sequence) before keys[0]. */
+static const kvt_key *chain_parent_of(const kvt_cache *c, const kvt_key *parent, const kvt_key *keys, size_t i) {
+  return i ? &keys[i - 1] : parent ? parent : &c->ns;
+}
+
 static const kvt_key *parent_of(const kvt_cache *c, const kvt_key *keys, size_t i) {
-  return i ? &keys[i - 1] : &c->ns;
+  return chain_parent_of(c, NULL, keys, i);
 }
 
 /* Fastest tier holding a valid copy, or -1. */
@@ -60,16 +68,19 @@ static uint32_t lookup_locked(kvt_cache *c, const kvt_key *keys, size_t n, kvt_l
 
 int kvt_lookup(kvt_cache *c, const kvt_key *keys, size_t n, kvt_lookup_result *res, uint8_t *tier_of_block) {
   KVT__REQ_CHECK(c);
-  if ((n && !keys) || !res || res->size < sizeof *res || n > UINT32_MAX) return -EINVAL;
+  if ((n && !keys) || !res || n > UINT32_MAX) return -EINVAL;
+  if (res->size < KVT_LOOKUP_RESULT_SIZE_V1) return KVT_EVERSION;
+  kvt_lookup_result full = {.size = sizeof full};
   pthread_mutex_lock(&c->lock);
-  lookup_locked(c, keys, n, res, tier_of_block);
+  lookup_locked(c, keys, n, &full, tier_of_block);
   pthread_mutex_unlock(&c->lock);
-  return 0;
+  return kvt__struct_out(res, &full, sizeof full, KVT_LOOKUP_RESULT_SIZE_V1);
 }
 
 int kvt_plan_request(kvt_cache *c, const kvt_key *keys, size_t n_blocks, size_t n_tokens, kvt_plan *plan) {
   KVT__REQ_CHECK(c);
-  if ((n_blocks && !keys) || !plan || plan->size < sizeof *plan) return -EINVAL;
+  if ((n_blocks && !keys) || !plan) return -EINVAL;
+  if (plan->size < KVT_PLAN_SIZE_V1) return KVT_EVERSION;
   if (n_blocks > (size_t)n_tokens / c->bt) return -EINVAL;
   if (n_blocks > c->cfg.max_job_blocks) return -E2BIG;
   pthread_mutex_lock(&c->lock);
@@ -80,11 +91,10 @@ int kvt_plan_request(kvt_cache *c, const kvt_key *keys, size_t n_blocks, size_t 
   uint32_t prefix = lookup_locked(c, keys, n_blocks, NULL, c->scratch_tiers);
   kvt_hw_desc hw;
   kvt__calib_hw(&c->calib, &hw);
-  uint32_t size = plan->size;
-  int rc = kvt_cost_plan(&c->model, &hw, c->bt, n_tokens, prefix, c->scratch_tiers, plan);
-  plan->size = size;
+  kvt_plan full = {.size = sizeof full};
+  int rc = kvt_cost_plan(&c->model, &hw, c->bt, n_tokens, prefix, c->scratch_tiers, &full);
   pthread_mutex_unlock(&c->lock);
-  return rc;
+  return rc ? rc : kvt__struct_out(plan, &full, sizeof full, KVT_PLAN_SIZE_V1);
 }
 
 /* ---- requests ---- */
@@ -134,15 +144,24 @@ typedef struct scan_result {
 
 /* Pins the restorable prefix in its fastest tier, noting entry and tier in
  * the request's refs (which survive the waits of make_room). */
-static void scan_prefix(kvt_cache *c, const kvt_key *keys, const uint32_t *tokens, size_t restore,
-                        kvt__ref *refs, scan_result *sr) {
+/* A device hit after a block that must be copied would be shared with
+ * other requests, yet if that copy failed the engine would recompute from
+ * there on, into the shared slot. Restoring stops before such a hit: the
+ * hit and what follows get private slots. */
+static int shared_after_copy(const scan_result *sr, int tier) {
+  return tier == KVT__T_DEV && sr->n > sr->per_tier[KVT__T_DEV];
+}
+
+static void scan_prefix(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, const uint32_t *tokens,
+                        size_t restore, kvt__ref *refs, scan_result *sr) {
   memset(sr, 0, sizeof *sr);
   for (size_t i = 0; i < restore; i++) {
     uint32_t e = kvt__index_find(&c->map, &keys[i]);
     if (e == KVT__NONE) break;
     kvt__entry *en = kvt__E(c, e);
-    if (!kvt__key_eq(&en->parent, parent_of(c, keys, i))) break;
+    if (!kvt__key_eq(&en->parent, chain_parent_of(c, parent, keys, i))) break;
     int t = fastest_valid(en);
+    if (shared_after_copy(sr, t)) break;
     /* A copy into a faster tier is in flight (another request's load, a
      * prefetch): wait for it rather than copy the block a second time. */
     int filling_above = 0;
@@ -202,6 +221,7 @@ static void fill_request(kvt_cache *c, kvt__request *rq, uint32_t job, const kvt
       continue;
     }
     r->key = keys[i];
+    r->failed = 0;
     kvt__entry *en = kvt__E(c, r->entry);
     if (r->tier == KVT__T_DEV) {
       r->slot = slots[i] = en->slot[KVT__T_DEV];
@@ -237,7 +257,6 @@ static int acquire_args_ok(const kvt_cache *c, const kvt_key *keys, size_t n_blo
                            size_t extra, const kvt_req *req, const uint32_t *slots,
                            const kvt_acquire_info *info) {
   if ((n_blocks && !keys) || !req || !slots || restore > n_blocks) return 0;
-  if (info && info->size < sizeof *info) return 0;
   return n_blocks + extra > 0;
 }
 
@@ -263,10 +282,10 @@ static int prefix_moved(kvt_cache *c, const kvt__ref *refs, uint32_t n) {
 /* Pins the restorable prefix and makes room for the request: host slots
  * to stage its disk blocks (held in the job's dev_slots array) and device
  * slots for everything not already on the device. Lock held; may wait. */
-static int reserve(kvt_cache *c, const kvt_key *keys, const uint32_t *tokens, size_t restore, kvt__ref *refs,
-                   uint32_t total, int may_wait, scan_result *sr, uint32_t *job_out) {
+static int reserve(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, const uint32_t *tokens, size_t restore,
+                   kvt__ref *refs, uint32_t total, int may_wait, scan_result *sr, uint32_t *job_out) {
   for (;;) {
-    scan_prefix(c, keys, tokens, restore, refs, sr);
+    scan_prefix(c, parent, keys, tokens, restore, refs, sr);
     if (sr->must_wait) {
       unpin_prefix(c, refs, sr->n);
       if (!may_wait) return KVT_EAGAIN;
@@ -307,8 +326,15 @@ static int reserve(kvt_cache *c, const kvt_key *keys, const uint32_t *tokens, si
 
 int kvt_acquire(kvt_cache *c, const kvt_key *keys, const uint32_t *tokens, size_t n_blocks, size_t restore,
                 size_t extra_slots, uint32_t flags, kvt_req *req, uint32_t *slots, kvt_acquire_info *info) {
+  return kvt_acquire_after(c, NULL, keys, tokens, n_blocks, restore, extra_slots, flags, req, slots, info);
+}
+
+int kvt_acquire_after(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, const uint32_t *tokens,
+                      size_t n_blocks, size_t restore, size_t extra_slots, uint32_t flags, kvt_req *req,
+                      uint32_t *slots, kvt_acquire_info *info) {
   KVT__REQ_CHECK(c);
   if (!acquire_args_ok(c, keys, n_blocks, restore, extra_slots, req, slots, info)) return -EINVAL;
+  if (info && info->size < KVT_ACQUIRE_INFO_SIZE_V1) return KVT_EVERSION;
   uint64_t limit = c->cap[KVT__T_DEV] < c->cfg.max_job_blocks ? c->cap[KVT__T_DEV] : c->cfg.max_job_blocks;
   if (n_blocks > limit || extra_slots > limit - n_blocks) return -E2BIG; /* no wrap-around */
   int may_wait = !(flags & KVT_ACQUIRE_NOWAIT), rc = 0;
@@ -320,7 +346,7 @@ int kvt_acquire(kvt_cache *c, const kvt_key *keys, const uint32_t *tokens, size_
     return KVT_ENOSPACE;
   }
   kvt__ref *refs = &c->refs[ref0];
-  rc = reserve(c, keys, tokens, restore, refs, total, may_wait, &sr, &job);
+  rc = reserve(c, parent, keys, tokens, restore, refs, total, may_wait, &sr, &job);
   if (rc != 0) {
     refs_free(c, ref0, total);
     pthread_mutex_unlock(&c->lock);
@@ -338,6 +364,7 @@ int kvt_acquire(kvt_cache *c, const kvt_key *keys, const uint32_t *tokens, size_
   rq->n_committed = 0;
   rq->ref0 = ref0;
   rq->job = job;
+  rq->parent = parent ? *parent : c->ns;
   fill_request(c, rq, job, keys, tokens, slots);
   if (job != KVT__NONE) {
     kvt__job *jb = &c->jobs[job];
@@ -354,10 +381,8 @@ int kvt_acquire(kvt_cache *c, const kvt_key *keys, const uint32_t *tokens, size_
   c->st.misses += n_blocks - sr.n;
   *req = ((uint64_t)rq->gen << 32) | (r + 1);
   if (info) {
-    info->n_restore = sr.n;
-    info->n_device_hits = sr.per_tier[KVT__T_DEV];
-    info->n_loading = n_copy;
-    info->n_from_disk = sr.per_tier[KVT__T_DISK];
+    kvt_acquire_info full = {sizeof full, sr.n, sr.per_tier[KVT__T_DEV], n_copy, sr.per_tier[KVT__T_DISK]};
+    kvt__struct_out(info, &full, sizeof full, KVT_ACQUIRE_INFO_SIZE_V1);
   }
   pthread_mutex_unlock(&c->lock);
   kvt__flush_submits(c);
@@ -411,6 +436,28 @@ int kvt_request_wait(kvt_cache *c, kvt_req req, int64_t timeout_ns, uint32_t *n_
   if (r == KVT__NONE) rc = KVT_ENOJOB;
   else if (n_ready) *n_ready = rc == 0 ? ready_prefix(c, &c->reqs[r]) : 0;
   if (timeout_ns == 0 && rc == KVT_ETIMEDOUT) rc = 1;
+  pthread_mutex_unlock(&c->lock);
+  return rc;
+}
+
+/* One block's outcome once the loads are over (lock held). Past n_ready
+ * every slot is the request's own: shared_after_copy() saw to that. */
+static uint8_t block_state(const kvt_cache *c, const kvt__request *rq, uint32_t i, uint32_t n_ready) {
+  if (i < n_ready) return KVT_BLOCK_READY;
+  return i < rq->n_restore && c->refs[rq->ref0 + i].failed ? KVT_BLOCK_FAILED : KVT_BLOCK_COMPUTE;
+}
+
+int kvt_request_block_states(kvt_cache *c, kvt_req req, uint8_t *states, size_t n) {
+  KVT__REQ_CHECK(c);
+  if (n && !states) return -EINVAL;
+  pthread_mutex_lock(&c->lock);
+  uint32_t r = req_from_handle(c, req);
+  int rc = r == KVT__NONE ? KVT_ENOJOB : n > c->reqs[r].n_blocks ? -EINVAL : loading(c, &c->reqs[r]) ? 1 : 0;
+  if (rc == 0) {
+    const kvt__request *rq = &c->reqs[r];
+    uint32_t n_ready = ready_prefix(c, rq);
+    for (uint32_t i = 0; i < n; i++) states[i] = block_state(c, rq, i, n_ready);
+  }
   pthread_mutex_unlock(&c->lock);
   return rc;
 }
@@ -474,7 +521,7 @@ static uint32_t commit_blocks(kvt_cache *c, kvt__request *rq, uint32_t n_valid, 
   for (uint32_t i = rq->n_committed; i < n_valid; i++) {
     kvt__ref *r = &c->refs[rq->ref0 + i];
     if (r->entry != KVT__NONE) continue; /* restored or a device hit */
-    const kvt_key *parent = i ? &c->refs[rq->ref0 + i - 1].key : &c->ns;
+    const kvt_key *parent = i ? &c->refs[rq->ref0 + i - 1].key : &rq->parent;
     uint32_t e = kvt__index_find(&c->map, &r->key);
     if (e == KVT__NONE) e = kvt__index_insert(&c->map, &r->key, parent);
     if (e == KVT__NONE) break;

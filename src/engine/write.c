@@ -6,7 +6,7 @@
 
 #include "engine/engine.h"
 
-static int job_api_ok(const kvt_cache *c) { return c && c->layout_ready; }
+static int job_api_ok(const kvt_cache *c) { return c && !kvt__forked(c) && c->layout_ready; }
 
 /* Entries among keys whose device copy has no host copy yet (lock held);
  * with evict, blocks already on the host leave the device at once. */
@@ -27,7 +27,7 @@ static uint32_t collect_stores(kvt_cache *c, const kvt_key *keys, size_t n, int 
 }
 
 int kvt_store(kvt_cache *c, const kvt_key *keys, size_t n, uint32_t flags, kvt_job *job) {
-  if (!job_api_ok(c)) return c ? KVT_ELAYOUT : -EINVAL;
+  if (!job_api_ok(c)) return !c ? -EINVAL : kvt__forked(c) ? KVT_EFORKED : KVT_ELAYOUT;
   if ((n && !keys) || !job || (flags & ~KVT_STORE_EVICT)) return -EINVAL;
   *job = 0;
   if (!kvt__has_tier(c, KVT__T_HOST)) return KVT_EUNSUPPORTED;
@@ -52,7 +52,7 @@ int kvt_store(kvt_cache *c, const kvt_key *keys, size_t n, uint32_t flags, kvt_j
 }
 
 int kvt_prefetch(kvt_cache *c, const kvt_key *keys, size_t n, kvt_job *job) {
-  if (!job_api_ok(c)) return c ? KVT_ELAYOUT : -EINVAL;
+  if (!job_api_ok(c)) return !c ? -EINVAL : kvt__forked(c) ? KVT_EFORKED : KVT_ELAYOUT;
   if ((n && !keys) || !job) return -EINVAL;
   *job = 0;
   if (!kvt__has_tier(c, KVT__T_DISK) || !kvt__has_tier(c, KVT__T_HOST)) return 0;
@@ -98,7 +98,7 @@ int kvt_prefetch(kvt_cache *c, const kvt_key *keys, size_t n, kvt_job *job) {
 int kvt_job_poll(kvt_cache *c, kvt_job job) { return kvt_job_wait(c, job, 0); }
 
 int kvt_job_wait(kvt_cache *c, kvt_job job, int64_t timeout_ns) {
-  if (!job_api_ok(c)) return c ? KVT_ELAYOUT : -EINVAL;
+  if (!job_api_ok(c)) return !c ? -EINVAL : kvt__forked(c) ? KVT_EFORKED : KVT_ELAYOUT;
   struct timespec dl;
   if (timeout_ns > 0) {
     clock_gettime(CLOCK_MONOTONIC, &dl);
@@ -123,7 +123,7 @@ int kvt_job_wait(kvt_cache *c, kvt_job job, int64_t timeout_ns) {
 }
 
 int kvt_job_cancel(kvt_cache *c, kvt_job job) {
-  if (!job_api_ok(c)) return c ? KVT_ELAYOUT : -EINVAL;
+  if (!job_api_ok(c)) return !c ? -EINVAL : kvt__forked(c) ? KVT_EFORKED : KVT_ELAYOUT;
   pthread_mutex_lock(&c->lock);
   uint32_t j = kvt__job_from_handle(c, job);
   if (j != KVT__NONE && !c->jobs[j].done) c->jobs[j].flags |= KVT__JF_CANCEL;
@@ -132,7 +132,7 @@ int kvt_job_cancel(kvt_cache *c, kvt_job job) {
 }
 
 int kvt_job_release(kvt_cache *c, kvt_job job) {
-  if (!job_api_ok(c)) return c ? KVT_ELAYOUT : -EINVAL;
+  if (!job_api_ok(c)) return !c ? -EINVAL : kvt__forked(c) ? KVT_EFORKED : KVT_ELAYOUT;
   pthread_mutex_lock(&c->lock);
   uint32_t j = kvt__job_from_handle(c, job);
   int rc = j == KVT__NONE ? KVT_ENOJOB : 0;

@@ -1,4 +1,5 @@
 #include "io/io.h"
+#include "util/log.h"
 
 #include <errno.h>
 #include <stdatomic.h>
@@ -15,10 +16,9 @@ static int is_refusal(int rc) {
 }
 
 static void note_fallback(kvt__io *io, const kvt_io_backend *be, int rc) {
-  static atomic_int logged;
   snprintf(io->fallback, sizeof io->fallback, "%s refused (%s)%s", be->name, strerror(-rc),
            rc == -EPERM ? ": io_uring_disabled sysctl or seccomp?" : "");
-  if (!atomic_exchange(&logged, 1)) fprintf(stderr, "kvtier: disk I/O falls back: %s\n", io->fallback);
+  kvt__log(KVT_LOG_WARN, "disk I/O falls back: %s", io->fallback);
 }
 
 int kvt__io_open_first(const kvt_io_backend *const *list, uint32_t n, const kvt_io_open_args *args,

@@ -17,7 +17,7 @@ typedef struct kvt__io {
 /* Opens the backend `choice` asks for. KVT_DISK_AUTO tries io_uring and falls
  * back to threads when the ring cannot be set up (ENOSYS, EPERM, EACCES,
  * ENOMEM, io_uring_disabled, seccomp); the reason is kept in io->fallback and
- * printed once per process to stderr. Returns 0 or -errno. */
+ * reported through the log handler (util/log.h). Returns 0 or -errno. */
 int kvt__io_open(kvt_disk_backend choice, const kvt_io_open_args *args, kvt__io *io);
 /* The same over an explicit list tried in order (tests pass a refusing fake). */
 int kvt__io_open_first(const kvt_io_backend *const *list, uint32_t n, const kvt_io_open_args *args,

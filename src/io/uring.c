@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "kvtier/backend.h"
+#include "util/log.h"
 
 /* The kernel refuses a registered buffer over 1 GiB: larger host-pool
  * regions are registered as consecutive chunks of this size. */
@@ -73,8 +74,7 @@ static int register_bufs(uring_ctx *c, const kvt_io_open_args *a) {
   fill_chunks(c, a);
   rc = io_uring_register_buffers(&c->ring, c->iov, total);
   if (rc < 0) {
-    fprintf(stderr, "kvtier: io_uring fixed buffers refused (%s); using plain reads/writes\n",
-            strerror(-rc));
+    kvt__log(KVT_LOG_WARN, "io_uring fixed buffers refused (%s); using plain reads/writes", strerror(-rc));
     return 0;
   }
   c->n_bufs = a->n_bufs;

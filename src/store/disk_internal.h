@@ -13,6 +13,10 @@
 #define KVT_DISK_SUPER_BYTES 4096u
 #define KVT_DISK_FORMAT_VERSION 1u
 #define KVT_DISK_MAX_RETRIES 8
+#define KVT_DISK_MAX_HASHERS 8u
+/* Records under this size are hashed where they are (caller, reaper):
+ * handing one to a checksum thread costs more than hashing it. */
+#define KVT_DISK_HANDOFF_BYTES (256u << 10)
 
 enum { OP_WRITE = 1, OP_READ, OP_TOMB };
 
@@ -21,6 +25,7 @@ typedef struct disk_op {
   int buf_index;
   int retries;
   uint64_t slot;
+  uint64_t seq;             /* writes: sealed into the record */
   void *buf;
   kvt_key key;
   int check_key;
@@ -61,6 +66,21 @@ struct kvt__disk {
   disk_fin *fin;
   disk_op **fin_ops;
 
+  /* Writes to seal and reads that landed wait here for their checksums,
+   * which run on a few checksum threads: hashing in series on the caller
+   * or the reaper holds the disk to one core's XXH3 speed and delays every
+   * submission or reap behind it. */
+  pthread_mutex_t hq_lock;  /* guards hq_head, hq_count, hq_stop */
+  pthread_cond_t hq_cond;   /* an op was queued, or hq_stop */
+  disk_op **hq;             /* ring of depth entries: no more ops exist */
+  disk_op **hbatch;         /* the reaper's: landed reads of one reaped batch */
+  uint32_t hq_head, hq_count, n_hashers;
+  int handoff;              /* slot_bytes >= KVT_DISK_HANDOFF_BYTES */
+  int hq_stop;
+  pthread_t hashers[KVT_DISK_MAX_HASHERS];
+  pthread_mutex_t sub_lock; /* one submission at a time (backends serialise
+                               them anyway); keeps fault hooks' calls ordered */
+
   atomic_uchar *busy;       /* per slot: an op is in flight */
   atomic_uint_fast64_t next_seq;
   struct {
@@ -73,11 +93,27 @@ struct kvt__disk {
   uint64_t n_found, n_found_total, discarded, superseded, max_seq;
   int recovered;
   int recover_headers_only;
+
+  /* Open-time state (disk_recover.c). */
+  const char *path;         /* cfg's, valid during kvt__disk_open only */
+  int created;              /* open created the file: a failed open removes it */
+  int durable;              /* O_DSYNC: a completed write is on stable storage */
+  uint64_t scan_slots;      /* slots the file holds now (differs from slots on a resize) */
+  uint32_t dio_align;       /* smallest direct read the file accepts (512 or 4096) */
+  int fresh_start;          /* the superblock was damaged (or a device held another namespace) */
+  uint64_t resize_moved, resize_dropped, recover_bytes;
+  char *detail;             /* cfg's detail buffer: why open failed */
+  size_t detail_len;
 };
 
-/* disk_recover.c: superblock, reset, and the open-time scan. */
+/* disk_recover.c: superblock, reset, resize, and the open-time scan. */
 int kvt__disk_prepare_file(kvt__disk *d, int reset, int *fresh);
 int kvt__disk_scan(kvt__disk *d);
-int kvt__disk_sweep(kvt__disk *d);
+/* Empties slots [from, to) of a block device (a file reads zeros there). */
+int kvt__disk_sweep(kvt__disk *d, uint64_t from, uint64_t to);
+/* After the scan of a file whose slot count changed: keeps what fits,
+ * rewrites the superblock and gives the space back. */
+int kvt__disk_finish_resize(kvt__disk *d);
+void kvt__disk_detail(kvt__disk *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #endif

@@ -1,6 +1,14 @@
-/* The disk store's runtime: open/close, the op pool, the reaper thread and
- * the write/read/invalidate paths. Open-time work lives in disk_recover.c.
- * Hot paths take an op from a free list set up at open; nothing allocates. */
+/* The disk store's runtime: open/close, the op pool, the reaper thread, the
+ * checksum threads and the write/read/invalidate paths. Open-time work
+ * lives in disk_recover.c. Hot paths take an op from a free list set up at
+ * open; nothing allocates.
+ *
+ * Where a record's bytes are hashed: records of KVT_DISK_HANDOFF_BYTES and
+ * more are sealed and verified on the checksum threads, so neither the
+ * caller nor the reaper ever hashes a large payload in series with the
+ * ring; smaller ones are hashed in place, where a thread handoff would cost
+ * more than the hash. An op is in exactly one place at a time (caller,
+ * backend, reaper, checksum queue), and there are queue_depth of them. */
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
@@ -18,13 +26,17 @@
 
 /* ---- op pool ---- */
 
-/* Takes a free op; with `wait`, waits while all are in flight. The reaper
- * must not wait on itself, so from done() a full pool returns NULL. */
+/* The store whose reaper or checksum thread is running on this thread, if any. */
+static _Thread_local const kvt__disk *tl_completing;
+
+/* Takes a free op; with `wait`, waits while all are in flight. The threads
+ * that free ops must not wait on themselves, so from done() a full pool
+ * returns NULL. */
 static disk_op *op_get(kvt__disk *d, int wait) {
   disk_op *op = NULL;
   pthread_mutex_lock(&d->lock);
-  int on_reaper = d->reaper_started && pthread_equal(pthread_self(), d->reaper);
-  while (wait && !d->n_free && !on_reaper && !d->stop) pthread_cond_wait(&d->cond, &d->lock);
+  int on_completion = tl_completing == d;
+  while (wait && !d->n_free && !on_completion && !d->stop) pthread_cond_wait(&d->cond, &d->lock);
   if (d->n_free && !d->stop) {
     op = &d->ops[d->free_ops[--d->n_free]];
     if (d->inflight++ == 0) pthread_cond_broadcast(&d->cond); /* the reaper waits for this */
@@ -52,6 +64,34 @@ static int slot_claim(kvt__disk *d, uint64_t slot) {
 
 static void slot_release(kvt__disk *d, uint64_t slot) { atomic_store(&d->busy[slot], 0); }
 
+/* ---- the checksum threads' queue ---- */
+
+/* Hands ops to the checksum threads in one critical section. The ring
+ * holds depth entries and no more ops exist, so it cannot overflow. */
+static void hq_push(kvt__disk *d, disk_op *const *ops, uint32_t n) {
+  if (!n) return;
+  pthread_mutex_lock(&d->hq_lock);
+  for (uint32_t i = 0; i < n; i++) d->hq[(d->hq_head + d->hq_count + i) % d->depth] = ops[i];
+  d->hq_count += n;
+  if (n == 1) pthread_cond_signal(&d->hq_cond);
+  else pthread_cond_broadcast(&d->hq_cond);
+  pthread_mutex_unlock(&d->hq_lock);
+}
+
+/* Next op to hash, or NULL once the store stops and the ring is empty. */
+static disk_op *hq_pop(kvt__disk *d) {
+  pthread_mutex_lock(&d->hq_lock);
+  while (!d->hq_count && !d->hq_stop) pthread_cond_wait(&d->hq_cond, &d->hq_lock);
+  disk_op *op = NULL;
+  if (d->hq_count) {
+    op = d->hq[d->hq_head];
+    d->hq_head = (d->hq_head + 1) % d->depth;
+    d->hq_count--;
+  }
+  pthread_mutex_unlock(&d->hq_lock);
+  return op;
+}
+
 /* ---- submission ---- */
 
 static int buf_index_of(const kvt__disk *d, const void *p, size_t len) {
@@ -77,7 +117,9 @@ static kvt_io_req op_req(const kvt__disk *d, disk_op *op) {
 static uint32_t submit_reqs(kvt__disk *d, disk_op **ops, const kvt_io_req *reqs, uint32_t k, int *st) {
   uint32_t j = 0, queued = 0;
   while (j < k) {
+    pthread_mutex_lock(&d->sub_lock);
     int n = kvt__io_submit(&d->io, reqs + j, k - j);
+    pthread_mutex_unlock(&d->sub_lock);
     if (n == 0) sched_yield();
     for (int i = 0; i < n; i++) st[j + (uint32_t)i] = 0;
     if (n > 0) j += (uint32_t)n, queued += (uint32_t)n;
@@ -121,12 +163,14 @@ static int io_prep(kvt__disk *d, int kind, kvt__disk_io *io, kvt__disk_done_fn d
   if (!io->rec || io->slot >= d->slots) return -EINVAL;
   if (d->direct && ((uintptr_t)io->rec & (KVT_RECORD_ALIGN - 1))) return -EINVAL;
   if (kind == OP_WRITE) {
-    int rc = kvt__record_seal(io->rec, &d->ns, d->block_tokens, d->payload_bytes,
-                              atomic_fetch_add(&d->next_seq, 1));
+    int rc = kvt__record_seal_check(io->rec, d->block_tokens);
     if (rc) return rc;
   }
   *t = (disk_op){.kind = kind, .slot = io->slot, .buf = io->rec, .done = done, .arg = io->arg,
                  .buf_index = buf_index_of(d, io->rec, d->slot_bytes)};
+  if (kind == OP_WRITE) t->seq = atomic_fetch_add(&d->next_seq, 1); /* call order, not seal order */
+  if (kind == OP_WRITE && !d->handoff)
+    kvt__record_seal(io->rec, &d->ns, d->block_tokens, d->payload_bytes, t->seq);
   if (kind == OP_READ && io->expected_key) t->key = *io->expected_key, t->check_key = 1;
   return 0;
 }
@@ -135,7 +179,7 @@ static int io_prep(kvt__disk *d, int kind, kvt__disk_io *io, kvt__disk_done_fn d
 
 /* Prepares up to BATCH of ios[*i..n) and submits them as one batch. */
 static uint32_t batch_chunk(kvt__disk *d, int kind, kvt__disk_io *ios, uint32_t n, uint32_t *i,
-                            kvt__disk_done_fn done) {
+                            kvt__disk_done_fn done, int nowait) {
   disk_op *ops[BATCH];
   kvt_io_req reqs[BATCH];
   int st[BATCH];
@@ -143,22 +187,35 @@ static uint32_t batch_chunk(kvt__disk *d, int kind, kvt__disk_io *ios, uint32_t 
   while (*i < n && k < BATCH) {
     disk_op t;
     int rc = io_prep(d, kind, &ios[*i], done, &t);
-    if (rc == 0) rc = op_claim(d, &t, k == 0, &ops[k]);
+    if (rc == 0) rc = op_claim(d, &t, k == 0 && !nowait, &ops[k]);
     if (rc == 1) break;
     ios[*i].status = rc;
     if (rc == 0) reqs[k] = op_req(d, ops[k]), pos[k++] = *i;
     (*i)++;
   }
   if (k == 0) return 0;
+  if (kind == OP_WRITE && d->handoff) { /* sealed and submitted by the checksum threads */
+    for (uint32_t j = 0; j < k; j++) ios[pos[j]].status = 0;
+    hq_push(d, ops, k);
+    return k;
+  }
   uint32_t queued = submit_reqs(d, ops, reqs, k, st);
   for (uint32_t j = 0; j < k; j++) ios[pos[j]].status = st[j];
   return queued;
 }
 
-static int batch_run(kvt__disk *d, int kind, kvt__disk_io *ios, uint32_t n, kvt__disk_done_fn done) {
+/* nowait: a full queue ends the batch; that entry and the rest get
+ * KVT_EAGAIN, so the caller resumes from the first of them. */
+static int batch_run(kvt__disk *d, int kind, kvt__disk_io *ios, uint32_t n, kvt__disk_done_fn done,
+                     int nowait) {
   if (!d || !done || (n && !ios)) return -EINVAL;
   uint32_t i = 0, queued = 0;
-  while (i < n) queued += batch_chunk(d, kind, ios, n, &i, done);
+  while (i < n) {
+    uint32_t from = i;
+    queued += batch_chunk(d, kind, ios, n, &i, done, nowait);
+    if (i == from)
+      for (; i < n; i++) ios[i].status = KVT_EAGAIN;
+  }
   return (int)queued;
 }
 
@@ -186,7 +243,8 @@ static void count_ok(kvt__disk *d, disk_op *op) {
   }
 }
 
-/* Maps a completion to the op's status; 1 means resubmitted (not finished). */
+/* Maps a completion to the op's I/O status; 1 means resubmitted (not
+ * finished). A read that landed whole still has its checksums to pass. */
 static int op_status(kvt__disk *d, disk_op *op, int res) {
   uint32_t want = op->kind == OP_TOMB ? KVT_DISK_SUPER_BYTES : (uint32_t)d->slot_bytes;
   if ((res == -EAGAIN || res == -EINTR) && op->retries++ < KVT_DISK_MAX_RETRIES) {
@@ -198,24 +256,61 @@ static int op_status(kvt__disk *d, disk_op *op, int res) {
     atomic_fetch_add(&d->st.io_errors, 1);
     return res < 0 ? res : -EIO; /* short: O_DIRECT remainders are unaligned, so not retried */
   }
-  if (op->kind == OP_READ) return read_status(d, op);
-  count_ok(d, op);
+  if (op->kind != OP_READ) count_ok(d, op);
   return 0;
 }
 
-/* One reaped batch: statuses first (checksums run here, on the reaper),
- * then the ops go back in one critical section, then done() with no lock
- * held and the slots already reusable. */
+/* Seals a write and hands it to the backend; a refusal there finishes it
+ * at once, through done(). */
+static void seal_and_submit(kvt__disk *d, disk_op *op) {
+  kvt__disk_done_fn done = op->done;
+  void *done_arg = op->arg;
+  kvt__record_seal(op->buf, &d->ns, d->block_tokens, d->payload_bytes, op->seq); /* checked at the call */
+  kvt_io_req r = op_req(d, op);
+  int st = 0;
+  submit_reqs(d, &op, &r, 1, &st); /* on refusal: slot and op released, op no longer ours */
+  if (st) done(done_arg, st);
+}
+
+static void verify_and_finish(kvt__disk *d, disk_op *op) {
+  int status = read_status(d, op);
+  kvt__disk_done_fn done = op->done;
+  void *done_arg = op->arg;
+  slot_release(d, op->slot);
+  op_put(d, op); /* op and slot are reusable before done() runs */
+  done(done_arg, status);
+}
+
+static void *hasher_main(void *arg) {
+  kvt__disk *d = arg;
+  tl_completing = d;
+  disk_op *op;
+  while ((op = hq_pop(d)) != NULL) {
+    if (op->kind == OP_WRITE) seal_and_submit(d, op);
+    else verify_and_finish(d, op);
+  }
+  return NULL;
+}
+
+/* One reaped batch: landed reads go to the checksum threads; the rest gets
+ * its status here, the ops go back in one critical section, then done()
+ * runs with no lock held and the slots already reusable. */
 static void complete_batch(kvt__disk *d, const kvt_io_cqe *cqes, int n) {
-  uint32_t k = 0;
+  uint32_t k = 0, nv = 0;
   for (int i = 0; i < n; i++) {
     disk_op *op = cqes[i].user;
     int status = op_status(d, op, cqes[i].res);
     if (status == 1) continue;
+    if (status == 0 && op->kind == OP_READ && d->handoff) {
+      d->hbatch[nv++] = op;
+      continue;
+    }
+    if (status == 0 && op->kind == OP_READ) status = read_status(d, op);
     d->fin[k] = (disk_fin){op->done, op->arg, status};
     d->fin_ops[k++] = op;
     slot_release(d, op->slot);
   }
+  hq_push(d, d->hbatch, nv);
   op_put_many(d, d->fin_ops, k);
   for (uint32_t j = 0; j < k; j++) d->fin[j].done(d->fin[j].arg, d->fin[j].status);
 }
@@ -230,6 +325,7 @@ static int reaper_wait(kvt__disk *d) {
 
 static void *reaper_main(void *arg) {
   kvt__disk *d = arg;
+  tl_completing = d;
   while (reaper_wait(d)) {
     int n = kvt__io_reap(&d->io, d->cqes, d->depth, 1, REAP_TIMEOUT_NS);
     if (n > 0) complete_batch(d, d->cqes, n);
@@ -238,18 +334,55 @@ static void *reaper_main(void *arg) {
   return NULL;
 }
 
+static uint32_t auto_hashers(void) {
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  long n = cpus / 2;
+  return n < 1 ? 1u : n > 4 ? 4u : (uint32_t)n;
+}
+
+/* Checksum threads first: the reaper hands them reads as soon as it runs. */
+static int start_threads(kvt__disk *d, uint32_t want) {
+  want = !d->handoff ? 0 : want ? want : auto_hashers();
+  if (want > KVT_DISK_MAX_HASHERS) want = KVT_DISK_MAX_HASHERS;
+  for (; d->n_hashers < want; d->n_hashers++) {
+    int rc = pthread_create(&d->hashers[d->n_hashers], NULL, hasher_main, d);
+    if (rc) return -rc;
+  }
+  int rc = pthread_create(&d->reaper, NULL, reaper_main, d);
+  d->reaper_started = rc == 0;
+  return -rc;
+}
+
+/* After the last op came back: the reaper ends, then the checksum threads. */
+static void stop_threads(kvt__disk *d) {
+  if (d->reaper_started) pthread_join(d->reaper, NULL);
+  pthread_mutex_lock(&d->hq_lock);
+  d->hq_stop = 1;
+  pthread_cond_broadcast(&d->hq_cond);
+  pthread_mutex_unlock(&d->hq_lock);
+  for (uint32_t i = 0; i < d->n_hashers; i++) pthread_join(d->hashers[i], NULL);
+}
+
 /* ---- public paths ---- */
 
 int kvt__disk_write_batch(kvt__disk *d, kvt__disk_io *ios, uint32_t n, kvt__disk_done_fn done) {
-  return batch_run(d, OP_WRITE, ios, n, done);
+  return batch_run(d, OP_WRITE, ios, n, done, 0);
+}
+
+int kvt__disk_try_write_batch(kvt__disk *d, kvt__disk_io *ios, uint32_t n, kvt__disk_done_fn done) {
+  return batch_run(d, OP_WRITE, ios, n, done, 1);
 }
 
 int kvt__disk_read_batch(kvt__disk *d, kvt__disk_io *ios, uint32_t n, kvt__disk_done_fn done) {
-  return batch_run(d, OP_READ, ios, n, done);
+  return batch_run(d, OP_READ, ios, n, done, 0);
+}
+
+int kvt__disk_try_read_batch(kvt__disk *d, kvt__disk_io *ios, uint32_t n, kvt__disk_done_fn done) {
+  return batch_run(d, OP_READ, ios, n, done, 1);
 }
 
 static int one(kvt__disk *d, int kind, kvt__disk_io *io, kvt__disk_done_fn done) {
-  int rc = batch_run(d, kind, io, 1, done);
+  int rc = batch_run(d, kind, io, 1, done, 0);
   return rc < 0 ? rc : io->status;
 }
 
@@ -302,12 +435,20 @@ int kvt__disk_invalidate(kvt__disk *d, uint64_t slot) {
   return w.status;
 }
 
+static int seq_order(const void *a, const void *b) {
+  const disk_found *x = a, *y = b;
+  return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
 int kvt__disk_recover(kvt__disk *d,
                       void (*fn)(void *arg, uint64_t slot, const kvt_key *key, const kvt_key *parent),
                       void *arg, uint64_t *discarded) {
   if (!d || !fn) return -EINVAL;
   if (d->recovered) return KVT_ESTATE;
   d->recovered = 1;
+  /* Oldest write first: a caller that puts each block at the recent end of
+   * an LRU list rebuilds it in write order (tails before their ancestors). */
+  if (d->n_found) qsort(d->found, d->n_found, sizeof *d->found, seq_order);
   for (uint64_t i = 0; i < d->n_found; i++) fn(arg, d->found[i].slot, &d->found[i].key, &d->found[i].parent);
   if (discarded) *discarded = d->discarded;
   int n = d->n_found > INT32_MAX ? INT32_MAX : (int)d->n_found;
@@ -321,7 +462,8 @@ const char *kvt__disk_backend_name(const kvt__disk *d) { return d ? kvt__io_name
 void kvt__disk_get_info(const kvt__disk *d, kvt__disk_info *info) {
   *info = (kvt__disk_info){.direct = d->direct, .fixed_buffers = d->n_bufs > 0,
                            .fallback = d->io.fallback, .slots = d->slots,
-                           .slot_bytes = d->slot_bytes, .data_offset = d->data_off};
+                           .slot_bytes = d->slot_bytes, .data_offset = d->data_off,
+                           .checksum_threads = d->n_hashers};
 }
 
 void kvt__disk_get_stats(const kvt__disk *d, kvt__disk_stats *s) {
@@ -331,26 +473,42 @@ void kvt__disk_get_stats(const kvt__disk *d, kvt__disk_stats *s) {
       atomic_load(&m->st.bytes_written), atomic_load(&m->st.bytes_read),
       atomic_load(&m->st.checksum_failures), atomic_load(&m->st.mismatches),
       atomic_load(&m->st.io_errors), atomic_load(&m->st.retries), d->n_found_total, d->discarded,
-      d->superseded};
+      d->superseded, (uint64_t)d->fresh_start, d->resize_moved, d->resize_dropped, d->recover_bytes};
 }
 
 /* ---- open / close ---- */
 
-/* O_DIRECT where the filesystem allows it (tmpfs refuses with EINVAL). */
+static int open_mode(const char *path, int flags, int *created) {
+  int fd = open(path, flags);
+  if (fd >= 0 || errno != ENOENT) return fd;
+  fd = open(path, flags | O_CREAT | O_EXCL, 0644);
+  if (fd >= 0) *created = 1;
+  else if (errno == EEXIST) fd = open(path, flags); /* created by someone else meanwhile */
+  return fd;
+}
+
+/* O_DIRECT where the filesystem allows it (tmpfs refuses with EINVAL);
+ * O_DSYNC in durable mode. */
 static int open_file(kvt__disk *d, const char *path) {
+  int flags = O_RDWR | O_CLOEXEC | (d->durable ? O_DSYNC : 0);
   d->direct = 1;
-  d->fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_DIRECT, 0644);
+  d->fd = open_mode(path, flags | O_DIRECT, &d->created);
   if (d->fd < 0 && errno == EINVAL) {
     d->direct = 0;
-    d->fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    d->fd = open_mode(path, flags, &d->created);
   }
-  if (d->fd < 0) return -errno;
+  if (d->fd < 0) {
+    int e = errno;
+    kvt__disk_detail(d, "cannot open: %s", strerror(e));
+    return -e;
+  }
   for (int i = 0; i < LOCK_TRIES; i++) {
     if (flock(d->fd, LOCK_EX | LOCK_NB) == 0) return 0;
     if (errno != EWOULDBLOCK) return -errno;
     nanosleep(&(struct timespec){0, 10000000}, NULL);
   }
-  return KVT_EBUSY;
+  kvt__disk_detail(d, "locked by another open cache");
+  return KVT_ELOCKED;
 }
 
 static int check_cfg(const kvt__disk_cfg *c) {
@@ -370,7 +528,10 @@ static int alloc_runtime(kvt__disk *d) {
   d->fin_ops = calloc(d->depth, sizeof *d->fin_ops);
   d->busy = calloc(d->slots, sizeof *d->busy);
   d->zero_page = aligned_alloc(4096, KVT_DISK_SUPER_BYTES);
+  d->hq = calloc(d->depth, sizeof *d->hq);
+  d->hbatch = calloc(d->depth, sizeof *d->hbatch);
   if (!d->ops || !d->free_ops || !d->cqes || !d->fin || !d->fin_ops || !d->busy || !d->zero_page) return -ENOMEM;
+  if (!d->hq || !d->hbatch) return -ENOMEM;
   memset(d->zero_page, 0, KVT_DISK_SUPER_BYTES);
   for (uint32_t i = 0; i < d->depth; i++) d->free_ops[i] = d->depth - 1 - i;
   d->n_free = d->depth;
@@ -385,6 +546,7 @@ static kvt__disk *disk_new(const kvt__disk_cfg *c) {
   d->block_tokens = c->block_tokens;
   d->payload_bytes = c->payload_bytes;
   d->slot_bytes = kvt__record_bytes(c->block_tokens, c->payload_bytes);
+  d->handoff = d->slot_bytes >= KVT_DISK_HANDOFF_BYTES;
   d->data_off = KVT_DISK_SUPER_BYTES;
   d->ns = c->ns;
   d->depth = c->queue_depth ? c->queue_depth : DEFAULT_QUEUE_DEPTH;
@@ -392,8 +554,16 @@ static kvt__disk *disk_new(const kvt__disk_cfg *c) {
   d->buf_lens = c->buf_lens;
   d->n_bufs = c->n_bufs;
   d->recover_headers_only = c->recover_headers_only;
+  d->durable = c->durable;
+  d->path = c->path;
+  d->detail = c->detail;
+  d->detail_len = c->detail_len;
+  if (d->detail && d->detail_len) d->detail[0] = '\0';
   pthread_mutex_init(&d->lock, NULL);
   pthread_cond_init(&d->cond, NULL);
+  pthread_mutex_init(&d->hq_lock, NULL);
+  pthread_mutex_init(&d->sub_lock, NULL);
+  pthread_cond_init(&d->hq_cond, NULL);
   atomic_init(&d->next_seq, 1);
   return d;
 }
@@ -411,13 +581,12 @@ static int open_steps(kvt__disk *d, const kvt__disk_cfg *c) {
   if (rc == 0) rc = kvt__disk_prepare_file(d, c->reset, &fresh);
   if (rc == 0) rc = open_backend(d, c);
   if (rc == 0 && fresh == 0) rc = kvt__disk_scan(d);
-  if (rc == 0 && fresh == 2) rc = kvt__disk_sweep(d);
+  if (rc == 0 && fresh == 0) rc = kvt__disk_finish_resize(d);
+  if (rc == 0 && fresh == 2) rc = kvt__disk_sweep(d, 0, d->slots);
   if (rc) return rc;
   d->n_found_total = d->n_found;
   atomic_store(&d->next_seq, d->max_seq + 1);
-  rc = pthread_create(&d->reaper, NULL, reaper_main, d);
-  d->reaper_started = rc == 0;
-  return -rc;
+  return start_threads(d, c->checksum_threads);
 }
 
 int kvt__disk_open(const kvt__disk_cfg *cfg, kvt__disk **out) {
@@ -429,9 +598,12 @@ int kvt__disk_open(const kvt__disk_cfg *cfg, kvt__disk **out) {
   if (!d) return -ENOMEM;
   rc = open_steps(d, cfg);
   if (rc) {
+    /* A file this open created holds nothing of anyone's: leave no trace. */
+    if (d->created && cfg->path && rc != KVT_ELOCKED) unlink(cfg->path);
     kvt__disk_close(d);
     return rc;
   }
+  d->path = NULL; /* the caller's string is not ours to keep */
   *out = d;
   return 0;
 }
@@ -443,11 +615,16 @@ void kvt__disk_close(kvt__disk *d) {
   d->stop = 1;
   pthread_cond_broadcast(&d->cond);
   pthread_mutex_unlock(&d->lock);
-  if (d->reaper_started) pthread_join(d->reaper, NULL);
+  stop_threads(d);
   kvt__io_close(&d->io);
   if (d->fd >= 0) close(d->fd);
   pthread_mutex_destroy(&d->lock);
   pthread_cond_destroy(&d->cond);
+  pthread_mutex_destroy(&d->hq_lock);
+  pthread_mutex_destroy(&d->sub_lock);
+  pthread_cond_destroy(&d->hq_cond);
+  free(d->hq);
+  free(d->hbatch);
   free(d->ops);
   free(d->free_ops);
   free(d->cqes);

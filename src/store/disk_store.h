@@ -9,12 +9,19 @@
  * A slot whose 128-byte header is all zero is empty (never written, or a
  * tombstone). The file is preallocated (fallocate); a block device works too.
  *
- * Opening a file that holds another namespace, geometry or format version
- * (or is not a kvtier file at all) returns KVT_ENAMESPACE and touches
- * nothing, unless cfg->reset = 1, which discards the old contents. A
- * superblock that fails its checksum returns KVT_ECORRUPT (reset clears it).
+ * Opening a regular file that holds another namespace, geometry or format
+ * version (or is not a kvtier file at all) returns KVT_ENAMESPACE and
+ * touches nothing, unless cfg->reset = 1, which discards the old contents.
+ * A block device holding another kvtier namespace is taken over (started
+ * empty); one holding anything else is KVT_ENAMESPACE. Another slot count
+ * is a resize, not another namespace: records that fit are kept (moved
+ * below the new end when it shrinks). A damaged superblock (checksum, or a
+ * magic a few bits off) starts the tier empty, counted in fresh_starts.
+ * The file is preallocated in full (holes of a sparse file included);
+ * -ENOSPC when the filesystem cannot hold it, leaving the file as it was
+ * (a file the open created is removed).
  * The file is flock()ed: a second opener waits up to ~1 s (a crashed
- * owner's ring may still be draining), then gets KVT_EBUSY.
+ * owner's ring may still be draining), then gets KVT_ELOCKED.
  *
  * Recovery runs inside kvt__disk_open: every slot is read in batches
  * through the backend and checked (header, tokens and, by default, payload
@@ -27,8 +34,13 @@
  * and kvt__record_bytes() long. Writes are not torn-proof on their own, but
  * a torn record fails its checksum, so it is discarded, never returned.
  *
- * Completions are delivered on the store's reaper thread through
- * done(arg, status), with no store lock held; status is 0, -errno (EIO,
+ * Checksums of records of 256 KiB and more run on the store's checksum
+ * threads, never on the caller nor the reaper: a write is sealed there and
+ * then handed to the backend, a read that landed whole is verified there.
+ * Smaller records are hashed in place (caller, reaper), which costs less
+ * than the handoff. Completions are delivered through done(arg, status) on
+ * the store's own threads (reaper or checksum threads), so done() may run
+ * on several threads at once, with no store lock held; status is 0, -errno (EIO,
  * ENOSPC...; a short transfer is -EIO, not retried), KVT_ECORRUPT
  * (checksum) or KVT_EMISMATCH (the slot holds another key or namespace, or
  * is empty). EAGAIN/EINTR completions are resubmitted (up to 8 times).
@@ -64,13 +76,20 @@ typedef struct kvt__disk_cfg {
   const void *const *bufs;   /* host pool memory to register with the backend */
   const size_t *buf_lens;
   uint32_t n_bufs;
-  int recover_headers_only;  /* 1: recovery reads slot prefixes only (fast on
-                                huge files); payloads are still verified on read */
+  int recover_headers_only;  /* 1: recovery reads each slot's header and tokens
+                                only (fast on huge files); payloads are still
+                                verified on read */
+  int durable;               /* 1: O_DSYNC, a completed write survives power loss */
+  char *detail;              /* optional: why an open failed, in words */
+  size_t detail_len;
+  uint32_t checksum_threads; /* threads that seal writes and verify reads of
+                                records of 256 KiB and more (else none), at
+                                most 8; 0: one per two online CPUs, 1 to 4 */
 } kvt__disk_cfg;
 
 /* Opens (creating or extending) the file, checks its superblock, starts the
  * backend and recovers. Returns 0, -errno, KVT_ENAMESPACE, KVT_ECORRUPT,
- * KVT_EBUSY (another process holds the file). May block. */
+ * KVT_ELOCKED (another cache holds the file). May block. */
 int kvt__disk_open(const kvt__disk_cfg *cfg, kvt__disk **out);
 void kvt__disk_close(kvt__disk *d); /* waits for I/O in flight; NULL is fine */
 
@@ -85,9 +104,14 @@ int kvt__disk_recover(kvt__disk *d,
 
 /* Asynchronous write of the record image `rec` (in host-pool memory) to
  * slot; fills in magic, version, namespace, payload_len, seq and checksums
- * first (the engine fills key, parent, flags, token_count, tokens, payload).
- * Returns 0 when queued (done() follows) or a negative code (it does not):
- * -EINVAL, KVT_EBUSY, KVT_EAGAIN (from done() with a full queue), -errno. */
+ * first (the engine fills key, parent, flags, token_count, tokens, payload),
+ * in the call or, for records of 256 KiB and more, on a checksum thread:
+ * rec belongs to the store until done(). seq follows the order of the
+ * calls. Returns 0 when queued (done() follows) or a negative code (it does
+ * not): -EINVAL, KVT_EBUSY, KVT_EAGAIN (from done() with a full queue),
+ * -errno. A backend that refuses the request at submission fails it in
+ * the call (small records) or through done() (records sealed on a checksum
+ * thread): callers treat both alike. */
 int kvt__disk_write(kvt__disk *d, uint64_t slot, void *rec, kvt__disk_done_fn done, void *arg);
 /* Asynchronous read of slot into `rec`, then verification against
  * expected_key (NULL: any key) and the checksums. Returns as kvt__disk_write. */
@@ -106,6 +130,14 @@ typedef struct kvt__disk_io {
 } kvt__disk_io;
 int kvt__disk_write_batch(kvt__disk *d, kvt__disk_io *ios, uint32_t n, kvt__disk_done_fn done);
 int kvt__disk_read_batch(kvt__disk *d, kvt__disk_io *ios, uint32_t n, kvt__disk_done_fn done);
+/* The same, never waiting for a free op (the batch calls above wait while
+ * queue_depth operations are in flight): the entry that finds the queue
+ * full and every one after it get KVT_EAGAIN (not queued, no done()). A
+ * restore submits what fits, then resumes from the first KVT_EAGAIN entry
+ * when done() reports completions; that keeps the queue full without ever
+ * blocking the caller on I/O. */
+int kvt__disk_try_write_batch(kvt__disk *d, kvt__disk_io *ios, uint32_t n, kvt__disk_done_fn done);
+int kvt__disk_try_read_batch(kvt__disk *d, kvt__disk_io *ios, uint32_t n, kvt__disk_done_fn done);
 
 /* Marks slot empty so recovery never returns it (the block was dropped):
  * writes a tombstone (a zeroed header page) and waits for it. Returns 0 or
@@ -113,6 +145,11 @@ int kvt__disk_read_batch(kvt__disk *d, kvt__disk_io *ios, uint32_t n, kvt__disk_
 int kvt__disk_invalidate(kvt__disk *d, uint64_t slot);
 /* The same, asynchronous: the slot may be reused once done() has run. */
 int kvt__disk_invalidate_async(kvt__disk *d, uint64_t slot, kvt__disk_done_fn done, void *arg);
+
+/* 1 if a tier of another namespace at `path` may be left alone and a file
+ * made beside it: only for an existing regular file. Never beside a block
+ * device (its folder is /dev, a devtmpfs in RAM). */
+int kvt__disk_side_file_ok(const char *path);
 
 /* "io_uring" or "threads". */
 const char *kvt__disk_backend_name(const kvt__disk *d);
@@ -122,6 +159,7 @@ typedef struct kvt__disk_info {
   int fixed_buffers;        /* host pool memory was handed to the backend for registration */
   const char *fallback;     /* why io_uring is not used under KVT_DISK_AUTO ("" if it is) */
   uint64_t slots, slot_bytes, data_offset;
+  uint32_t checksum_threads; /* threads sealing writes and verifying reads */
 } kvt__disk_info;
 
 typedef struct kvt__disk_stats {
@@ -132,6 +170,9 @@ typedef struct kvt__disk_stats {
   uint64_t io_errors;                         /* -errno or short, at submit or completion */
   uint64_t retries;                           /* EAGAIN/EINTR completions resubmitted */
   uint64_t recovered, discarded, superseded;  /* at open */
+  uint64_t fresh_starts;                      /* at open: damaged superblock, started empty */
+  uint64_t resize_moved, resize_dropped;      /* at open after a slot count change */
+  uint64_t recover_bytes;                     /* bytes the open-time scan read */
 } kvt__disk_stats;
 
 void kvt__disk_get_info(const kvt__disk *d, kvt__disk_info *info);
@@ -146,6 +187,9 @@ uint64_t kvt__record_hdr_sum(const kvt__record_hdr *h);
  * are inconsistent. */
 int kvt__record_seal(void *rec, const kvt_key *ns, uint32_t block_tokens, uint64_t payload_bytes,
                      uint64_t seq);
+/* The part of kvt__record_seal that can fail, without the hashing: 0, or
+ * -EINVAL if flags/token_count are inconsistent. */
+int kvt__record_seal_check(const void *rec, uint32_t block_tokens);
 /* Checks len bytes at buf (any alignment, any content) as a record of this
  * geometry: 0 valid (header copied to *out when non-NULL), KVT_EMISS for an
  * all-zero header (empty slot), KVT_ECORRUPT (checksum, magic, version or

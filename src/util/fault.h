@@ -16,8 +16,13 @@ typedef enum kvt__fault_site {
   KVT_FAULT_IO_DELAY_US,      /* microseconds to stall a storage completion */
   KVT_FAULT_HOST_ALLOC,       /* host pool allocation */
   KVT_FAULT_PIN,              /* pinning of host memory (CUDA) */
+  KVT_FAULT_ALLOC,            /* an engine allocation (arg: KVT_ALLOC_*) */
+  KVT_FAULT_PREALLOC,         /* disk file preallocation (arg: bytes wanted) */
   KVT_FAULT_SITE_COUNT
 } kvt__fault_site;
+
+/* Allocations KVT_FAULT_ALLOC can fail, named by its arg. */
+enum { KVT_ALLOC_OPEN_FINGERPRINT = 1, KVT_ALLOC_OPEN_DISK_PATH, KVT_ALLOC_NAMESPACE };
 
 /* site, arg (site-specific: direction, op, length) -> 0 or injected value. */
 typedef int (*kvt__fault_fn)(void *ctx, int site, int64_t arg);
