@@ -23,15 +23,15 @@ from collections import namedtuple
 import numpy as np
 
 from ._cdef import ERRORS as _ERRORS
-from ._lib import LIBRARY_PATH, ffi, lib
+from ._lib import LIBRARY_PATH, ffi, lib  # noqa: F401 (lib: the raw C functions)
 
 __all__ = [
-    "Cache", "Config", "ModelDesc", "HwDesc", "Plan", "Stats", "Request", "Job", "Segment",
+    "Cache", "Config", "BlockState", "set_log_handler", "ModelDesc", "HwDesc", "Plan", "Stats", "Request", "Job", "Segment",
     "KvtError", "Dtype", "Device", "DiskBackend", "WritePolicy", "Tier", "Decision",
     "version", "version_number", "strerror", "config_defaults", "layout_defaults",
     "model_preset_names", "cost_plan", "cost_breakeven", "cost_recompute_flops",
     "cost_compute_s", "cost_transfer_s", "keys_to_bytes",
-    "LIBRARY_PATH", "OK", "INPROGRESS", "STORE_EVICT", "ACQUIRE_NOWAIT",
+    "LIBRARY_PATH", "LogLevel", "OK", "INPROGRESS", "STORE_EVICT", "ACQUIRE_NOWAIT",
     "LAYOUT_METADATA_ONLY", "MAP_BYTES_PER_BLOCK",
 ] + list(_ERRORS)
 
@@ -79,6 +79,19 @@ class Tier(enum.IntEnum):
     NONE = 255
 
 
+class BlockState(enum.IntEnum):
+    """Per-block outcome of a restore (Request.block_states)."""
+    READY = 0    # holds valid KV (restored or a device hit): do not write it
+    FAILED = 1   # its copy failed (I/O error, checksum, mismatch): compute it
+    COMPUTE = 2  # not restored (a miss, past the plan, cancelled after a failure): compute it
+
+
+class LogLevel(enum.IntEnum):
+    ERROR = 0
+    WARN = 1
+    INFO = 2
+
+
 class Decision(enum.IntEnum):
     RECOMPUTE = 0
     RESTORE = 1
@@ -111,19 +124,52 @@ class KvtError(Exception):
     text: kvt_strerror(code); call: the C function that returned it.
     """
 
-    def __init__(self, code, call=None):
+    def __init__(self, code, call=None, detail=""):
         self.code = int(code)
+        self.detail = detail
         self.name = _ERROR_NAMES.get(self.code) or _errno.errorcode.get(-self.code, "unknown")
         self.text = strerror(self.code)
         self.call = call
         where = "%s: " % call if call else ""
-        super().__init__("%s%s (%s, %d)" % (where, self.text, self.name, self.code))
+        more = " [%s]" % detail if detail else ""
+        super().__init__("%s%s (%s, %d)%s" % (where, self.text, self.name, self.code, more))
 
 
 def _check(rc, call):
     if rc < 0:
         raise KvtError(rc, call)
     return rc
+
+
+_log_callback = None  # the installed cffi callback, kept alive while installed
+
+
+def set_log_handler(handler):
+    """Installs the process-wide handler of the library's log messages
+    (kvt_set_log_handler): handler(level: LogLevel, message: str), or
+    "logging" to send them to logging.getLogger("kvtier"), or None (default:
+    the library logs nothing). The handler runs on whichever thread noticed
+    the event, library threads included, holding the GIL; it must not call
+    into a cache. Exceptions it raises are printed and otherwise ignored."""
+    global _log_callback
+    if handler == "logging":
+        import logging
+        logger = logging.getLogger("kvtier")
+        levels = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO}
+
+        def handler(level, message):
+            logger.log(levels.get(int(level), logging.INFO), "%s", message)
+    if handler is None:
+        lib.kvt_set_log_handler(ffi.NULL, ffi.NULL)
+        _log_callback = None
+        return
+
+    def trampoline(ctx, level, msg):
+        handler(LogLevel(level) if level in (0, 1, 2) else level, ffi.string(msg).decode(errors="replace"))
+
+    cb = ffi.callback("kvt_log_fn", trampoline)
+    lib.kvt_set_log_handler(cb, ffi.NULL)
+    _log_callback = cb  # the previous one is freed only once the new one is in place
 
 
 # --------------------------------------------------------------------------
@@ -485,6 +531,16 @@ class Request:
             n_valid = self.n_blocks
         _check(lib.kvt_commit(self._cache._ptr(), self.handle, n_valid, _stream(stream)), "kvt_commit")
 
+    def block_states(self, n=None):
+        """BlockState per keyed block (the first n; default all) once the loads
+        are over, as a uint8 array; None while loads are in flight. Never blocks."""
+        n = self.n_blocks if n is None else n
+        states = np.empty(n, dtype=np.uint8)
+        sp = ffi.cast("uint8_t *", states.ctypes.data) if n else ffi.cast("uint8_t *", self.slots.ctypes.data)
+        rc = _check(lib.kvt_request_block_states(self._cache._ptr(), self.handle, sp, n),
+                    "kvt_request_block_states")
+        return None if rc == 1 else states
+
     def release(self):
         """Unpins the request's blocks (waits for loads in flight)."""
         self.released = True
@@ -632,7 +688,9 @@ class Cache:
                 keep.append(owner)
             lay.segments = arr
             keep.append(arr)
-        _check(lib.kvt_register_layout(self._ptr(), lay), "kvt_register_layout")
+        rc = lib.kvt_register_layout(self._ptr(), lay)
+        if rc < 0:
+            raise KvtError(rc, "kvt_register_layout", self.error_detail())
         self._keep.extend(keep)
 
     def register_pool(self, pool):
@@ -658,6 +716,10 @@ class Cache:
     def block_bytes(self):
         """Bytes of one block (0 for metadata only)."""
         return lib.kvt_block_bytes(self._ptr())
+
+    def error_detail(self):
+        """Why the last failed register_layout failed (path or segment at fault), or ""."""
+        return ffi.string(lib.kvt_error_detail(self._ptr())).decode(errors="replace")
 
     def namespace(self):
         """The namespace key (after register_layout), shape (1, 2) uint64."""
@@ -741,11 +803,13 @@ class Cache:
         _check(lib.kvt_plan_request(self._ptr(), kp, n, n_tokens, plan._c), "kvt_plan_request")
         return plan
 
-    def acquire(self, keys, tokens=None, restore=None, extra_slots=0, nowait=False):
+    def acquire(self, keys, tokens=None, restore=None, extra_slots=0, nowait=False, parent=None):
         """Device slots for the keyed blocks plus extra_slots; the first `restore`
         (default: all) are restored where cached. tokens: the request's token
         ids (at least block_tokens per keyed block; a trailing partial block
         is ignored), verified against the stored ones (None: no verification).
+        parent: the key of the block before keys[0] when keys continue a chain
+        (kvt_acquire_after); None: keys start the sequence.
         Returns a Request. May block while evicted blocks are copied down
         (never with nowait=True: KvtError EAGAIN instead)."""
         kp, n, karr = _as_keys(keys)
@@ -755,8 +819,14 @@ class Cache:
         info = ffi.new("kvt_acquire_info *")
         info.size = ffi.sizeof("kvt_acquire_info")
         sp = ffi.cast("uint32_t *", slots.ctypes.data) if slots.size else ffi.NULL
-        rc = _check(lib.kvt_acquire(self._ptr(), kp, tp, n, n if restore is None else restore, extra_slots,
-                                    ACQUIRE_NOWAIT if nowait else 0, req, sp, info), "kvt_acquire")
+        pp = ffi.NULL
+        if parent is not None:
+            pp, pn, parr = _as_keys(parent)
+            if pn != 1:
+                raise ValueError("parent: one key expected")
+        rc = _check(lib.kvt_acquire_after(self._ptr(), pp, kp, tp, n, n if restore is None else restore,
+                                          extra_slots, ACQUIRE_NOWAIT if nowait else 0, req, sp, info),
+                    "kvt_acquire_after" if parent is not None else "kvt_acquire")
         ai = AcquireInfo(info.n_restore, info.n_device_hits, info.n_loading, info.n_from_disk)
         return Request(self, req[0], slots, ai, rc == 1, n)
 

@@ -12,6 +12,9 @@ const char *kvt_version(void);
 int kvt_version_number(void);
 const char *kvt_strerror(int code);
 
+typedef void (*kvt_log_fn)(void *ctx, int level, const char *msg);
+void kvt_set_log_handler(kvt_log_fn fn, void *ctx);
+
 typedef struct kvt_key { uint64_t lo; uint64_t hi; } kvt_key;
 
 typedef enum kvt_dtype {
@@ -43,6 +46,7 @@ typedef struct kvt_config {
   uint32_t max_requests;
   uint32_t max_jobs;
   uint32_t max_job_blocks;
+  int disk_durable;
 } kvt_config;
 void kvt_config_init(kvt_config *cfg);
 
@@ -62,6 +66,7 @@ int kvt_open(const kvt_config *cfg, kvt_cache **out);
 int kvt_register_layout(kvt_cache *c, const kvt_layout *layout);
 void kvt_close(kvt_cache *c);
 size_t kvt_block_bytes(const kvt_cache *c);
+const char *kvt_error_detail(const kvt_cache *c);
 int kvt_namespace(const kvt_cache *c, kvt_key *ns);
 const char *kvt_device_backend_name(const kvt_cache *c);
 const char *kvt_disk_backend_name(const kvt_cache *c);
@@ -151,6 +156,10 @@ typedef struct kvt_acquire_info {
 int kvt_acquire(kvt_cache *c, const kvt_key *keys, const uint32_t *tokens, size_t n_blocks,
                 size_t restore, size_t extra_slots, uint32_t flags, kvt_req *req,
                 uint32_t *slots, kvt_acquire_info *info);
+int kvt_acquire_after(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, const uint32_t *tokens,
+                      size_t n_blocks, size_t restore, size_t extra_slots, uint32_t flags, kvt_req *req,
+                      uint32_t *slots, kvt_acquire_info *info);
+int kvt_request_block_states(kvt_cache *c, kvt_req req, uint8_t *states, size_t n);
 int kvt_request_poll(kvt_cache *c, kvt_req req, uint32_t *n_ready);
 int kvt_request_wait(kvt_cache *c, kvt_req req, int64_t timeout_ns, uint32_t *n_ready);
 int kvt_request_layer_ready(kvt_cache *c, kvt_req req, uint32_t layer);
@@ -189,6 +198,9 @@ typedef struct kvt_stats {
   uint64_t disk_recovered, disk_discarded;
   uint64_t metadata_bytes;
   uint64_t jobs_cancelled;
+  uint64_t disk_fresh_starts;
+  uint64_t disk_resize_moved, disk_resize_dropped;
+  uint64_t disk_recover_bytes;
 } kvt_stats;
 int kvt_get_stats(kvt_cache *c, kvt_stats *st);
 """
@@ -210,4 +222,6 @@ ERRORS = {
     "EUNSUPPORTED": -3013,
     "ENAMESPACE": -3014,
     "ETIMEDOUT": -3015,
+    "EFORKED": -3016,
+    "ELOCKED": -3017,
 }

@@ -30,7 +30,8 @@ def test_strerror_names_every_code():
     assert kvtier.strerror(-5000) == "unknown kvtier error code"
     texts = set()
     for name in ("EMISS", "EMISMATCH", "ENOSPACE", "ENODEV", "ECORRUPT", "ECANCELED", "EBUSY", "ELAYOUT",
-                 "ESTATE", "EVERSION", "EAGAIN", "ENOJOB", "EUNSUPPORTED", "ENAMESPACE", "ETIMEDOUT"):
+                 "ESTATE", "EVERSION", "EAGAIN", "ENOJOB", "EUNSUPPORTED", "ENAMESPACE", "ETIMEDOUT",
+                 "EFORKED", "ELOCKED"):
         code = getattr(kvtier, name)
         text = kvtier.strerror(code)
         assert text != "unknown kvtier error code", name
@@ -38,7 +39,7 @@ def test_strerror_names_every_code():
         e = kvtier.KvtError(code, "kvt_x")
         assert (e.code, e.name, e.text) == (code, "KVT_" + name, text)
         assert str(e) == "kvt_x: %s (KVT_%s, %d)" % (text, name, code)
-    assert len(texts) == 15
+    assert len(texts) == 17
     assert kvtier.KvtError(-errno.EINVAL).name == "EINVAL"
 
 
@@ -540,3 +541,93 @@ def test_threads_share_one_cache(make_cache):
     st = c.stats()
     assert st.acquires == 2 * n_threads * rounds
     assert st.hits_host + st.hits_disk + st.hits_device == n_threads * rounds * n_blocks
+
+
+# ---- contracts: sizes written back, chains, per-block states, logs, fork ----
+
+def test_library_filled_structs_report_their_size(make_cache):
+    c, _ = make_cache()
+    assert c.stats()._c.size == ffi.sizeof("kvt_stats")
+    plan = kvtier.cost_plan(kvtier.ModelDesc.preset("tinyllm"), kvtier.HwDesc(), 16, 100)
+    assert plan._c.size == ffi.sizeof("kvt_plan")
+
+
+def test_acquire_after_a_parent_continues_the_chain(make_cache):
+    c, pool = make_cache()
+    t = tokens_for(4)
+    keys = c.hash_tokens(t)
+    with c.acquire(keys[:2], t[: 2 * BT]) as r:
+        fill(pool, r.slots)
+        r.commit()
+    tail = c.hash_tokens(t[2 * BT:], parent=keys[1])
+    with c.acquire(tail, t[2 * BT:], parent=keys[1]) as r:  # cached as blocks 2, 3 of the chain
+        fill(pool, r.slots, first_block=2)
+        r.commit()
+    assert c.lookup(keys).n_prefix == 4
+    with c.acquire(keys) as r:
+        assert r.info.n_device_hits == 4
+        check(pool, r.slots)
+    with pytest.raises(ValueError):
+        c.acquire(tail, parent=keys)
+
+
+def test_block_states_after_a_restore(make_cache):
+    c, pool = make_cache()
+    t = tokens_for(4)
+    keys = c.hash_tokens(t)
+    with c.acquire(keys[:2], t[: 2 * BT]) as r:
+        fill(pool, r.slots)
+        r.commit()
+    with c.store(keys[:2], evict=True) as j:
+        j.wait()
+    with c.acquire(keys, t) as r:
+        assert r.wait() == 2
+        states = r.block_states()
+        assert list(states) == [kvtier.BlockState.READY] * 2 + [kvtier.BlockState.COMPUTE] * 2
+        assert list(r.block_states(1)) == [kvtier.BlockState.READY]
+        check(pool, r.slots[:2])
+
+
+def test_register_layout_error_names_the_path(tmp_path):
+    c = kvtier.Cache(model_fingerprint="m", device=kvtier.Device.HOST, host_blocks=4,
+                     disk_path=str(tmp_path / "missing-dir" / "kv.cache"), disk_blocks=8)
+    with c:
+        with pytest.raises(kvtier.KvtError) as ei:
+            c.register_pool(np.zeros((1, 1, 4, 512), np.uint8))
+        assert ei.value.code == -errno.ENOENT
+        assert "missing-dir" in ei.value.detail and "missing-dir" in str(ei.value)
+        assert c.error_detail() == ei.value.detail
+
+
+def test_log_handler_receives_library_messages(tmp_path):
+    messages = []
+    path = str(tmp_path / "kv.cache")
+    kvtier.set_log_handler(lambda level, msg: messages.append((level, msg)))
+    try:
+        for disk_blocks in (8, 16):  # reopening with another size resizes the tier, which is logged
+            with kvtier.Cache(model_fingerprint="m", device=kvtier.Device.HOST, host_blocks=4,
+                              disk_path=path, disk_blocks=disk_blocks) as c:
+                c.register_pool(np.zeros((1, 1, 4, 512), np.uint8))
+    finally:
+        kvtier.set_log_handler(None)
+    assert messages, "no message from the library"
+    assert all(isinstance(level, kvtier.LogLevel) and isinstance(m, str) and m for level, m in messages)
+    assert any(os.path.basename(path) in m and "resized" in m and level == kvtier.LogLevel.INFO
+               for level, m in messages), messages
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork()")
+def test_a_forked_child_cannot_use_the_parents_cache(make_cache):
+    c, _ = make_cache()
+    keys = c.hash_tokens(tokens_for(1))
+    pid = os.fork()
+    if pid == 0:  # the child: every call answers EFORKED
+        code = 1
+        try:
+            c.lookup(keys)
+        except kvtier.KvtError as e:
+            code = 0 if e.code == kvtier.EFORKED else 2
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    assert c.lookup(keys).n_blocks == 1  # the parent's cache is unaffected
