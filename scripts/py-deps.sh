@@ -6,10 +6,11 @@
 # a finished venv holds a .complete file and is reused as is. Delete the
 # directory to reinstall. Each step's time goes to <venv>/install-times.txt.
 #
-# The engines go in with --no-deps, their listed dependencies with theirs.
 # Why not `pip install vllm`: some of vLLM's and SGLang's dependencies are
 # downloaded from outside the package registry at build time, so the engines
-# are installed with --no-deps plus the few packages the imported modules need.
+# are installed with --no-deps, then the few packages the imported modules
+# need (with their own dependencies). Those are not pinned: <venv>/freeze.txt
+# records what an install got.
 set -euo pipefail
 
 TORCH=2.14.0
@@ -38,9 +39,11 @@ for d in "${CUDA_HOME:-}" /usr/local/cuda; do
   if [[ -n "$d" && -d "$d/lib64" ]]; then cuda_lib=$d/lib64; break; fi
 done
 
+mkdir -p "$root"
+exec 9>"$root/.lock" # one install at a time per cache directory
+flock 9
 if [[ ! -f $venv/.complete ]]; then
   rm -rf "$venv"
-  mkdir -p "$root"
   python3 -m venv "$venv"
   pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
   times=$venv/install-times.txt
@@ -74,6 +77,7 @@ import torch, vllm.v1.kv_offload.tiering.base, sglang.srt.mem_cache.hicache_stor
 import lmcache.v1.storage_backend.connector.base_connector' >"$venv/import-check.log" 2>&1 || {
     cat "$venv/import-check.log" >&2
     echo "kvtier: the engines installed in $venv do not import" >&2; exit 1; }
+  "$venv/bin/python" -m pip freeze >"$venv/freeze.txt"
   touch "$venv/.complete"
 fi
 

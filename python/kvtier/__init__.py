@@ -653,7 +653,10 @@ class Cache:
 
     def __del__(self):
         if getattr(self, "_c", None) is not None:
-            self.close()
+            try:
+                self.close()
+            except Exception:  # interpreter shutdown: the library may be gone already
+                pass
 
     def register_layout(self, num_layers, segments_per_layer, num_slots, segments=None, flags=0):
         """Registers the engine's KV pool: segments lists num_layers * segments_per_layer
