@@ -631,3 +631,11 @@ def test_a_forked_child_cannot_use_the_parents_cache(make_cache):
     _, status = os.waitpid(pid, 0)
     assert os.WEXITSTATUS(status) == 0
     assert c.lookup(keys).n_blocks == 1  # the parent's cache is unaffected
+
+
+def test_package_version_is_the_library_version():
+    from importlib import metadata
+    try:
+        assert metadata.version("kvtier") == kvtier.version()
+    except metadata.PackageNotFoundError:
+        pytest.skip("kvtier is not installed as a package here")
