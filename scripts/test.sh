@@ -7,7 +7,9 @@
 #   4. the libFuzzer targets, briefly, when clang is available;
 #   5. a smoke run of the main job and the bench subcommands;
 #   6. the Python package: pip install in a fresh venv, then its pytest suite
-#      with torch and the engines (scripts/py-deps.sh, cached) importable.
+#      with torch and the engines (scripts/py-deps.sh, cached) importable, and
+#      the binding's tests on the ASan+UBSan library (no leak check: the
+#      interpreter does not free everything at exit).
 # KVT_CUDA=0 builds without the CUDA backend; KVT_FUZZ_SECONDS (15) bounds
 # each fuzz target.
 set -euo pipefail
@@ -110,6 +112,11 @@ kvt_step build/py/install.log "pip install ./python" build/py/venv/bin/pip insta
 py_site=$(build/py/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 "$engines/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' >"$py_site/kvtier-engines.pth"
 KVT_REQUIRE_ENGINES=1 build/py/venv/bin/pytest -q -p no:cacheprovider python/tests
+echo "the binding's tests again, on the ASan+UBSan build of the library:"
+LD_PRELOAD="$(cc -print-file-name=libasan.so) $(cc -print-file-name=libubsan.so)" \
+  ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  KVTIER_LIBRARY="$PWD/build/asan/libkvtier.so.0" \
+  build/py/venv/bin/pytest -q -p no:cacheprovider python/tests/test_binding.py
 
 echo
 echo "kvtier: all tests passed"
