@@ -3,6 +3,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <ftw.h>
+#include <sys/stat.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 void kvt_test_skip(const char *fmt, ...) {
@@ -30,8 +33,25 @@ const char *kvt_test_trace(const char *name) {
   return access(path, R_OK) == 0 ? path : NULL;
 }
 
+static char tmp_path[4096];
+static pid_t tmp_owner;
+
+static int remove_one(const char *p, const struct stat *st, int flag, struct FTW *ftw) {
+  (void)st, (void)flag, (void)ftw;
+  remove(p);
+  return 0;
+}
+
+/* The directory goes at exit, in the process that made it only (children of
+ * crash tests share it with their parent); KVT_TEST_KEEP=1 keeps it. */
+static void remove_tmpdir(void) {
+  const char *keep = getenv("KVT_TEST_KEEP");
+  if (tmp_path[0] && getpid() == tmp_owner && !(keep && *keep == '1'))
+    nftw(tmp_path, remove_one, 16, FTW_DEPTH | FTW_PHYS);
+}
+
 const char *kvt_test_tmpdir(void) {
-  static char path[4096];
+#define path tmp_path
   if (path[0]) return path;
   const char *base = getenv("KVT_TEST_TMPDIR");
   if (!base) base = getenv("TMPDIR");
@@ -41,7 +61,10 @@ const char *kvt_test_tmpdir(void) {
     snprintf(path, sizeof path, "/tmp/kvt-test-XXXXXX");
     if (!mkdtemp(path)) kvt_test_skip("cannot create a temporary directory");
   }
+  tmp_owner = getpid();
+  atexit(remove_tmpdir);
   return path;
+#undef path
 }
 
 static uint64_t splitmix(uint64_t *s) {
