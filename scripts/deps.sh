@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Installs the Debian packages kvtier needs when they are missing.
-# Usage: scripts/deps.sh [--test]   (--test adds clang for the fuzzers)
+# Usage: scripts/deps.sh [--test]   (--test adds what only the tests need)
 # With a CUDA toolkit (nvcc on PATH or in /usr/local/cuda/bin) it adds g++:
 # nvcc compiles through the host C++ compiler. KVT_CUDA=0 leaves CUDA out.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 pkgs=(liburing-dev libxxhash-dev libcmocka-dev libcjson-dev pkg-config cmake make gcc)
-if [[ "${1:-}" == "--test" ]]; then pkgs+=(clang libclang-rt-14-dev); fi
+# --test: clang for the fuzzers, python3-venv for the Python package's tests.
+if [[ "${1:-}" == "--test" ]]; then pkgs+=(clang libclang-rt-14-dev python3 python3-venv); fi
 if kvt_cuda_wanted && [[ -n "$(kvt_nvcc)" ]]; then pkgs+=(g++); fi
 missing=()
 for p in "${pkgs[@]}"; do

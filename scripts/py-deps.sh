@@ -44,7 +44,8 @@ exec 9>"$root/.lock" # one install at a time per cache directory
 flock 9
 if [[ ! -f $venv/.complete ]]; then
   rm -rf "$venv"
-  python3 -m venv "$venv"
+  python3 -m venv "$venv" >&2 || {
+    echo "kvtier: python3 -m venv failed (on Debian: apt-get install python3-venv)" >&2; exit 1; }
   pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
   times=$venv/install-times.txt
   : > "$times"
