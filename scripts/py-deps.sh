@@ -51,9 +51,10 @@ if [[ ! -f $venv/.complete ]]; then
   : > "$times"
   timed() {
     local name=$1; shift
-    local t0; t0=$(date +%s.%N)
+    local t0; t0=$(date +%s%N)
     "$@"
-    printf '%-10s %6.1f s\n' "$name" "$(echo "$(date +%s.%N) - $t0" | bc)" | tee -a "$times" >&2
+    local ms=$((($(date +%s%N) - t0) / 1000000))
+    printf '%-10s %4d.%01d s\n' "$name" $((ms / 1000)) $((ms % 1000 / 100)) | tee -a "$times" >&2
   }
   timed pip "${pip[@]}" --upgrade pip
   # shellcheck disable=SC2086
