@@ -46,7 +46,7 @@ if [[ ! -f $venv/.complete ]]; then
   rm -rf "$venv"
   python3 -m venv "$venv" >&2 || {
     echo "kvtier: python3 -m venv failed (on Debian: apt-get install python3-venv)" >&2; exit 1; }
-  pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
+  pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-warn-conflicts)
   times=$venv/install-times.txt
   : > "$times"
   timed() {
