@@ -185,6 +185,7 @@ static int segments_disjoint(kvt_cache *c, const kvt_segment *seg, uint32_t n, u
 }
 
 static int layout_ok(kvt_cache *c, const kvt_layout *l) {
+  if (l->flags & KVT_LAYOUT_STORAGE) return kvt__storage_layout_ok(c, l);
   if (!l->num_layers || !l->segments_per_layer || !l->num_slots || l->num_slots == UINT32_MAX) {
     set_detail(c, "num_layers, segments_per_layer and num_slots must be at least 1");
     return -EINVAL;
@@ -214,6 +215,8 @@ static int layout_ok(kvt_cache *c, const kvt_layout *l) {
 static int open_device(kvt_cache *c) {
   kvt_dev_open_args a = {.layout = &c->layout, .cuda_device = c->cfg.cuda_device, .copy_threads = c->cfg.copy_threads};
   int rc = KVT_ENODEV;
+  /* Storage mode owns no device slots: the host backend allocates the pool. */
+  if (c->storage_mode) return kvt__dev_open(&c->dev, kvt_dev_backend_host(), &a);
   if (c->cfg.device != KVT_DEVICE_HOST && kvt_dev_backend_cuda()) rc = kvt__dev_open(&c->dev, kvt_dev_backend_cuda(), &a);
   if (rc == KVT_ENODEV && c->cfg.device == KVT_DEVICE_AUTO) rc = kvt__dev_open(&c->dev, kvt_dev_backend_host(), &a);
   else if (c->cfg.device == KVT_DEVICE_HOST) rc = kvt__dev_open(&c->dev, kvt_dev_backend_host(), &a);
@@ -238,7 +241,8 @@ static int compute_namespace(kvt_cache *c) {
 }
 
 static int alloc_tables(kvt_cache *c) {
-  uint64_t cap = c->cap[0] + c->cap[1] + c->cap[2];
+  /* Storage mode: room for the entries of blocks being put before their slots exist. */
+  uint64_t cap = c->cap[0] + c->cap[1] + c->cap[2] + (c->storage_mode ? 2ull * c->cfg.max_job_blocks : 0);
   if (cap > (1u << 30)) return -E2BIG;
   int rc = kvt__index_init(&c->map, (uint32_t)cap);
   for (int t = 0; rc == 0 && t < KVT__NTIERS; t++) rc = kvt__slots_init(&c->slots[t], (uint32_t)c->cap[t]);
@@ -351,6 +355,7 @@ int kvt_register_layout(kvt_cache *c, const kvt_layout *user) {
   }
   c->layout = *layout;
   c->metadata_only = (layout->flags & KVT_LAYOUT_METADATA_ONLY) != 0;
+  c->storage_mode = (layout->flags & KVT_LAYOUT_STORAGE) != 0;
   uint32_t nseg = layout->num_layers * layout->segments_per_layer;
   if (!c->metadata_only) {
     c->segments = malloc(sizeof *c->segments * nseg);
@@ -373,6 +378,7 @@ int kvt_register_layout(kvt_cache *c, const kvt_layout *user) {
     rc = kvt__host_pool_init(&c->host, &c->dev, c->cap[KVT__T_HOST], c->record_bytes, c->cfg.host_mlock);
   if (rc < 0 && !c->detail[0]) set_detail(c, "tables and host pool: %s", kvt_strerror(rc));
   if (rc == 0) rc = open_disk(c);
+  if (rc == 0 && c->storage_mode) rc = kvt__storage_init(c);
   if (rc < 0 && !c->detail[0]) set_detail(c, "disk_path %s: %s", c->disk_path, kvt_strerror(rc));
   if (rc < 0) {
     c->register_failed = 1; /* kvt_close frees what was set up */
@@ -400,6 +406,7 @@ void kvt_close(kvt_cache *c) {
    * the copy-on-write image, so the child's copy is left as it is. */
   if (kvt__forked(c)) return;
   if (c->jobs) kvt_drain(c);
+  kvt__storage_fini(c); /* waits for storage jobs in flight */
   if (c->disk) kvt__disk_close(c->disk);
   kvt__jobs_fini(c);
   kvt__host_pool_fini(&c->host, &c->dev);
