@@ -2,6 +2,7 @@
  * and record images, commit per-block results (storage.h). */
 #include <errno.h>
 #include <string.h>
+#include <unistd.h>
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -140,8 +141,14 @@ static void stage_submit(kvt_cache *c, kvt__stage *st, uint32_t i, kvt__sjob *jb
   pthread_mutex_lock(&c->lock);
   slot = kvt__E(c, jb->blocks[i].entry)->slot[KVT__T_DISK];
   pthread_mutex_unlock(&c->lock);
-  int rc = jb->kind == KVT__SJ_PUT ? kvt__disk_write(c->disk, slot, st->rec, stage_done, st)
-                                   : kvt__disk_read(c->disk, slot, st->rec, &jb->keys[i], stage_done, st);
+  int rc;
+  if (jb->kind == KVT__SJ_PUT) {
+    rc = kvt__disk_write(c->disk, slot, st->rec, stage_done, st);
+  } else {
+    /* Two gets of one block both read its slot, and the store takes one
+     * operation per slot at a time: the second waits for the first. */
+    while ((rc = kvt__disk_read(c->disk, slot, st->rec, &jb->keys[i], stage_done, st)) == KVT_EBUSY) usleep(20);
+  }
   if (rc != 0) stage_done(st, rc);
 }
 
