@@ -20,7 +20,7 @@
 static kvt_cache *cache;
 static kvt_key keys[CONVS][NBLK];
 static uint32_t toks[CONVS][NBLK * BT];
-static int iters = 200;
+static int iters = 2000;
 
 static uint64_t seed_of(int conv, int b) { return (uint64_t)conv * 1000 + (uint64_t)b; }
 
