@@ -205,7 +205,7 @@ static int exists_row(const kvt_bench_micro_opts *o, kvt_bench_rows *rows) {
   while (rc == 0 && (t = secs_since(t0)) < o->seconds / 2) {
     for (int i = 0; i < 64 && rc == 0; i++) {
       rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-      rc = kvt_exists(c, NULL, keys + (rng % n_chains) * CHAIN, CHAIN, &lr, NULL);
+      rc = kvt_exists(c, NULL, keys + (rng % n_chains) * CHAIN, CHAIN, 0, &lr, NULL);
       found += lr.n_prefix;
     }
   }

@@ -163,7 +163,7 @@ int main(int argc, char **argv) {
     for (int b = 0; b < CONV_PAGES; b++) page_free(convs[id].pages[b]);
   }
   kvt_lookup_result lr = {.size = sizeof lr};
-  kvt_exists(c, NULL, convs[0].keys, CONV_PAGES, &lr, NULL);
+  kvt_exists(c, NULL, convs[0].keys, CONV_PAGES, 0, &lr, NULL);
   printf("restored %u of %u pages byte-exact (conversation 0 now: %u on host, %u on disk)\n", total,
          CONVS * CONV_PAGES, lr.n_host, lr.n_disk);
   kvt_close(c);

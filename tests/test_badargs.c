@@ -1002,7 +1002,7 @@ static void storage_mode_calls_bad_args(void **state) {
   /* NULL cache. */
   assert_int_equal(kvt_register_memory(NULL, k, 8, KVT_MEM_HOST, &reg), -EINVAL);
   assert_int_equal(kvt_unregister_memory(NULL, 1), -EINVAL);
-  assert_int_equal(kvt_exists(NULL, NULL, k, 2, &lr, NULL), -EINVAL);
+  assert_int_equal(kvt_exists(NULL, NULL, k, 2, 0, &lr, NULL), -EINVAL);
   assert_int_equal(kvt_put_from(NULL, &b, &job), -EINVAL);
   assert_int_equal(kvt_get_into(NULL, &b, &job), -EINVAL);
   assert_int_equal(kvt_remove(NULL, k, 2, &n), -EINVAL);
@@ -1019,7 +1019,7 @@ static void storage_mode_calls_bad_args(void **state) {
   assert_int_equal(kvt_register_memory(f.c, k, 8, KVT_MEM_HOST, &reg), KVT_ESTATE);
   assert_int_equal(kvt_storage_collect(f.c, &job, st, 1, &n), KVT_ESTATE);
   assert_int_equal(kvt_remove(f.c, k, 2, &n), KVT_ESTATE);
-  assert_int_equal(kvt_exists(f.c, NULL, k, 2, &lr, NULL), 0); /* exists serves both modes */
+  assert_int_equal(kvt_exists(f.c, NULL, k, 2, 0, &lr, NULL), 0); /* exists serves both modes */
   fixture_close(&f);
   /* A storage-mode cache. */
   kvt_config cfg;
@@ -1029,7 +1029,7 @@ static void storage_mode_calls_bad_args(void **state) {
   kvt_cache *c = NULL;
   assert_int_equal(kvt_open(&cfg, &c), 0);
   assert_int_equal(kvt_put_from(c, &b, &job), KVT_ELAYOUT);
-  assert_int_equal(kvt_exists(c, NULL, k, 2, &lr, NULL), KVT_ELAYOUT);
+  assert_int_equal(kvt_exists(c, NULL, k, 2, 0, &lr, NULL), KVT_ELAYOUT);
   kvt_segment seg = {NULL, 0, 4096};
   kvt_layout l;
   kvt_layout_init(&l);
@@ -1093,10 +1093,14 @@ static void storage_mode_calls_bad_args(void **state) {
   assert_int_equal(kvt_put_from(c, &b, &job), -EINVAL);
   p[1].reserved = 0;
   /* Exists. */
-  assert_int_equal(kvt_exists(c, NULL, NULL, 2, &lr, NULL), -EINVAL);
-  assert_int_equal(kvt_exists(c, NULL, k, 2, NULL, NULL), -EINVAL);
+  assert_int_equal(kvt_exists(c, NULL, NULL, 2, 0, &lr, NULL), -EINVAL);
+  assert_int_equal(kvt_exists(c, NULL, k, 2, 0, NULL, NULL), -EINVAL);
+  assert_int_equal(kvt_exists(c, NULL, k, 2, 0x80, &lr, NULL), -EINVAL); /* unknown flag */
+  b.flags = 0x80;
+  assert_int_equal(kvt_put_from(c, &b, &job), -EINVAL);
+  b.flags = 0;
   lr.size = 4;
-  assert_int_equal(kvt_exists(c, NULL, k, 2, &lr, NULL), KVT_EVERSION);
+  assert_int_equal(kvt_exists(c, NULL, k, 2, 0, &lr, NULL), KVT_EVERSION);
   lr.size = sizeof lr;
   /* Job handles: never issued, then stale after release. */
   assert_int_equal(kvt_storage_poll(c, 0), KVT_ENOJOB);
@@ -1120,7 +1124,7 @@ static void storage_mode_calls_bad_args(void **state) {
   assert_int_equal(kvt_storage_wait(c, job, -1), 0);
   assert_int_equal(kvt_storage_release(c, job), 0);
   assert_int_equal((unsigned char)mem[5000], 0x3c);
-  assert_int_equal(kvt_exists(c, NULL, k, 2, &lr, NULL), 0);
+  assert_int_equal(kvt_exists(c, NULL, k, 2, 0, &lr, NULL), 0);
   assert_int_equal(lr.n_host, 2);
   assert_int_equal(kvt_remove(c, k, 2, &n), 0);
   assert_int_equal(n, 2);

@@ -56,7 +56,7 @@ static void *worker(void *arg) {
       kvt_storage_release(cache, job);
     } else if (op == 1) {
       kvt_lookup_result lr = {.size = sizeof lr};
-      bad |= kvt_exists(cache, NULL, keys[conv], NBLK, &lr, NULL) != 0;
+      bad |= kvt_exists(cache, NULL, keys[conv], NBLK, 0, &lr, NULL) != 0;
       bad |= lr.n_prefix > NBLK || lr.n_host + lr.n_disk != lr.n_prefix;
     } else {
       memset(buf, 0, (size_t)NBLK * BLOCK);

@@ -627,20 +627,28 @@ typedef struct kvt_batch {
   /* kvt_get_into: load at most this many leading blocks (the planner's k;
    * 0: the whole cached prefix). Ignored by kvt_put_from. */
   uint32_t max_blocks;
+  uint32_t flags;            /* KVT_KEYS_OPAQUE or 0 */
 } kvt_batch;
-#define KVT_BATCH_SIZE_V1 (offsetof(kvt_batch, max_blocks) + sizeof(uint32_t))
+#define KVT_BATCH_SIZE_V1 (offsetof(kvt_batch, flags) + sizeof(uint32_t))
+
+/* The keys are an engine's own prefix-chained hashes (kvt_keys_from_opaque):
+ * each key stands for its whole prefix on its own, so no parent is recorded
+ * or checked (parent is ignored) and a block may be asked about alone, as
+ * vLLM's per-key lookup does. Without it, keys[i]'s parent must be keys[i-1]
+ * as for kvt_hash_tokens chains. Puts and lookups of one key must agree. */
+#define KVT_KEYS_OPAQUE 0x1u
 
 KVT_API void kvt_batch_init(kvt_batch *b);
 
 /* Batch exists: the longest prefix of keys[0..n) (chained after *parent,
- * NULL: the namespace) that a tier holds, split by the fastest tier holding
+ * NULL: the namespace; flags KVT_KEYS_OPAQUE: each key alone) that a tier holds, split by the fastest tier holding
  * each block; tier_of_block[n] (may be NULL) receives KVT_TIER_* per block,
  * KVT_TIER_NONE after the prefix. Blocks still being stored do not count.
  * No side effects (no pin, no LRU touch): ask again as often as you like.
  * Returns 0, -EINVAL, KVT_EVERSION (res->size), KVT_ELAYOUT. Does not block
  * on I/O (takes the metadata lock). */
-KVT_API int kvt_exists(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, size_t n, kvt_lookup_result *res,
-                       uint8_t *tier_of_block);
+KVT_API int kvt_exists(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, size_t n, uint32_t flags,
+                       kvt_lookup_result *res, uint8_t *tier_of_block);
 
 /* Put-from: copies the batch's blocks from the engine's memory into the host
  * tier (or, with no host tier, to disk). A key already stored, or being

@@ -182,8 +182,8 @@ static int fastest_valid(const kvt__entry *en) {
 }
 
 /* Longest prefix held by a tier (lock held); tiers may be NULL. */
-static uint32_t prefix_locked(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, size_t n, uint32_t *cnt,
-                              uint8_t *tiers) {
+static uint32_t prefix_locked(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, size_t n, uint32_t flags,
+                              uint32_t *cnt, uint8_t *tiers) {
   uint32_t i = 0;
   kvt__index_prefetch(&c->map, keys, n < 32 ? n : 32);
   for (; i < n; i++) {
@@ -193,7 +193,7 @@ static uint32_t prefix_locked(kvt_cache *c, const kvt_key *parent, const kvt_key
     const kvt__entry *en = kvt__E(c, e);
     int t = fastest_valid(en);
     const kvt_key *p = i ? &keys[i - 1] : parent ? parent : &c->ns;
-    if (t < 0 || !kvt__key_eq(&en->parent, p)) break;
+    if (t < 0 || (!(flags & KVT_KEYS_OPAQUE) && !kvt__key_eq(&en->parent, p))) break;
     if (cnt) cnt[t]++;
     if (tiers) tiers[i] = (uint8_t)t;
   }
@@ -202,16 +202,16 @@ static uint32_t prefix_locked(kvt_cache *c, const kvt_key *parent, const kvt_key
   return i;
 }
 
-int kvt_exists(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, size_t n, kvt_lookup_result *res,
-               uint8_t *tier_of_block) {
+int kvt_exists(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, size_t n, uint32_t flags,
+               kvt_lookup_result *res, uint8_t *tier_of_block) {
   if (!c) return -EINVAL;
   if (kvt__forked(c)) return KVT_EFORKED;
   if (!c->layout_ready) return KVT_ELAYOUT;
-  if ((n && !keys) || !res || n > UINT32_MAX) return -EINVAL;
+  if ((n && !keys) || !res || n > UINT32_MAX || (flags & ~KVT_KEYS_OPAQUE)) return -EINVAL;
   if (res->size < KVT_LOOKUP_RESULT_SIZE_V1) return KVT_EVERSION;
   uint32_t cnt[KVT__NTIERS] = {0, 0, 0};
   pthread_mutex_lock(&c->lock);
-  uint32_t prefix = prefix_locked(c, parent, keys, n, cnt, tier_of_block);
+  uint32_t prefix = prefix_locked(c, parent, keys, n, flags, cnt, tier_of_block);
   pthread_mutex_unlock(&c->lock);
   kvt_lookup_result full = {.size = sizeof full, .n_blocks = (uint32_t)n, .n_prefix = prefix,
                             .n_device = cnt[0], .n_host = cnt[1], .n_disk = cnt[2]};
@@ -290,7 +290,7 @@ static int batch_ok(kvt_cache *c, const kvt_batch *b, kvt_job *job) {
   if (b->size < KVT_BATCH_SIZE_V1 || b->size > sizeof *b + 4096) return KVT_EVERSION;
   if (!b->n_blocks || !b->keys || !b->pieces || !b->pieces_per_block) return -EINVAL;
   if (b->n_blocks > c->cfg.max_job_blocks) return -E2BIG;
-  if (b->pieces_per_block > 65536) return -EINVAL;
+  if (b->pieces_per_block > 65536 || (b->flags & ~KVT_KEYS_OPAQUE)) return -EINVAL;
   if (!kvt__has_tier(c, KVT__T_HOST) && !kvt__has_tier(c, KVT__T_DISK)) return KVT_EUNSUPPORTED;
   return 0;
 }
@@ -310,7 +310,7 @@ static void claim_puts(kvt_cache *c, kvt__sjob *jb, const kvt_batch *b) {
     sb->tier = (uint8_t)dest;
     sb->result = 1;
     if (kvt__index_find(&c->map, &b->keys[i]) != KVT__NONE) continue; /* stored or being stored */
-    const kvt_key *parent = i ? &b->keys[i - 1] : b->parent ? b->parent : &c->ns;
+    const kvt_key *parent = b->flags & KVT_KEYS_OPAQUE ? &c->ns : i ? &b->keys[i - 1] : b->parent ? b->parent : &c->ns;
     uint32_t e = kvt__index_insert(&c->map, &b->keys[i], parent);
     if (e == KVT__NONE) {
       sb->result = KVT_EAGAIN; /* more blocks being put at once than the map holds */
@@ -325,7 +325,7 @@ static void claim_puts(kvt_cache *c, kvt__sjob *jb, const kvt_batch *b) {
 /* Pins the get's cached prefix in the tier each block is read from. */
 static void claim_gets(kvt_cache *c, kvt__sjob *jb, const kvt_batch *b) {
   uint8_t *tiers = c->scratch_tiers;
-  uint32_t prefix = prefix_locked(c, b->parent, b->keys, b->n_blocks, NULL, tiers);
+  uint32_t prefix = prefix_locked(c, b->parent, b->keys, b->n_blocks, b->flags, NULL, tiers);
   if (b->max_blocks && prefix > b->max_blocks) prefix = b->max_blocks;
   for (uint32_t i = 0; i < jb->n_blocks; i++) {
     kvt__sblock *sb = &jb->blocks[i];
