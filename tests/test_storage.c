@@ -409,6 +409,50 @@ static void opaque_engine_keys_stand_alone(void **s) {
   sfix_close(&f);
 }
 
+/* A key being stored by an earlier job, or twice in one batch, is written
+ * once: the later copies report 1 (skipped). */
+static void keys_in_flight_are_not_written_twice(void **s) {
+  sfix f;
+  sfix_open(&f, 0, 64, 1);
+  fill_blocks(&f, NB, 9);
+  kvt_piece p[NB];
+  make_pieces(&f, NB, 0, p);
+  kvt_batch b;
+  kvt_batch_init(&b);
+  b.n_blocks = 6;
+  b.keys = f.keys;
+  b.pieces = p;
+  kvt_job first, second;
+  assert_int_equal(kvt_put_from(f.c, &b, &first), 1);
+  assert_int_equal(kvt_put_from(f.c, &b, &second), 1); /* queued behind the first */
+  assert_int_equal(kvt_storage_wait(f.c, second, -1), 0);
+  assert_int_equal(kvt_storage_wait(f.c, first, -1), 0);
+  int32_t r1[6], r2[6];
+  assert_int_equal(kvt_storage_results(f.c, first, r1, 6, NULL), 0);
+  assert_int_equal(kvt_storage_results(f.c, second, r2, 6, NULL), 0);
+  for (int i = 0; i < 6; i++) {
+    assert_int_equal(r1[i], 0);
+    assert_int_equal(r2[i], 1);
+  }
+  kvt_storage_release(f.c, first);
+  kvt_storage_release(f.c, second);
+  kvt_key dup[3] = {f.keys[6], f.keys[6], f.keys[7]};
+  b.n_blocks = 3;
+  b.keys = dup;
+  b.flags = KVT_KEYS_OPAQUE;
+  assert_int_equal(kvt_put_from(f.c, &b, &first), 1);
+  assert_int_equal(kvt_storage_wait(f.c, first, -1), 0);
+  assert_int_equal(kvt_storage_results(f.c, first, r1, 3, NULL), 0);
+  assert_int_equal(r1[0], 0);
+  assert_int_equal(r1[1], 1);
+  assert_int_equal(r1[2], 0);
+  kvt_storage_release(f.c, first);
+  kvt_stats st = {.size = sizeof st};
+  kvt_get_stats(f.c, &st);
+  assert_int_equal(st.resident_disk, 8);
+  sfix_close(&f);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(round_trip_host_one_piece),
@@ -424,6 +468,7 @@ int main(void) {
       cmocka_unit_test(blocks_put_in_storage_mode_survive_a_reopen),
       cmocka_unit_test(finished_jobs_are_collected_once),
       cmocka_unit_test(opaque_engine_keys_stand_alone),
+      cmocka_unit_test(keys_in_flight_are_not_written_twice),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
