@@ -1047,6 +1047,11 @@ static void storage_mode_calls_bad_args(void **state) {
   assert_int_equal(kvt_register_layout(c, &l), -EINVAL);
   seg.bytes = 4096;
   assert_int_equal(kvt_register_layout(c, &l), 0);
+  /* Owner-mode calls: there are no device slots to hand out or copy from. */
+  kvt_req req;
+  uint32_t slots[2];
+  assert_int_equal(kvt_acquire(c, k, NULL, 2, 2, 0, 0, &req, slots, NULL), -E2BIG);
+  assert_int_equal(kvt_store(c, k, 2, 0, &job), 0);
   char *mem = aligned_alloc(4096, 3 * 4096);
   assert_non_null(mem);
   /* Regions. */

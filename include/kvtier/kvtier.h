@@ -572,12 +572,12 @@ KVT_API int kvt_get_stats(kvt_cache *c, kvt_stats *st);
  * with the batch calls below. Keys, namespace, records, checksums, token
  * verification, LRU cascade (host victims spill to disk, disk victims are
  * dropped) and restart recovery are those of owner mode. There are no device
- * slots: kvt_acquire has none to give (KVT_ENOSPACE) and kvt_store nothing
+ * slots: kvt_acquire has none to give (-E2BIG) and kvt_store nothing
  * to copy; kvt_lookup, kvt_plan_request and kvt_drain work as in owner mode.
  *
- * Copies run on kvtier's storage workers (copy_threads of them, 1..4),
- * never on the caller: each batch call returns at once with a job, whose
- * per-block results are polled or collected in batches. Engine memory named
+ * Copies run on kvtier's storage workers (copy_threads of them, at most 4;
+ * 0: 2), never on the caller: each batch call returns at once with a job,
+ * whose per-block results are polled or collected in batches. Engine memory named
  * by a job must stay valid, and (for puts) unchanged, until the job is over.
  * Memory regions are only needed for device memory; registering host memory
  * is optional (it lets pieces name region + offset, as an allocator's page
@@ -589,8 +589,9 @@ typedef uint32_t kvt_region;
 enum { KVT_MEM_HOST = 0, KVT_MEM_DEVICE = 1 };
 
 /* Registers len bytes of the engine's memory at base as a region (*region,
- * never KVT_REGION_NONE). KVT_MEM_DEVICE: CUDA device memory, moved through
- * pinned staging; KVT_EUNSUPPORTED in a build without CUDA, KVT_ENODEV when
+ * never KVT_REGION_NONE). KVT_MEM_DEVICE: CUDA device memory, copied by the
+ * CUDA runtime to and from kvtier's record images (the host pool, or a
+ * worker's staging records); KVT_EUNSUPPORTED in a build without CUDA, KVT_ENODEV when
  * no GPU is usable or base is not device memory. At most 64 regions; -ENOSPC
  * past that, -EINVAL for NULL base, len 0 or a range that overlaps a
  * registered region. Does not block. */
