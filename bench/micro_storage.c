@@ -3,7 +3,8 @@
  *
  *   put-from   2 MiB blocks from registered engine host memory to the disk
  *              tier (no host tier: engine memory straight to disk), vs raw
- *              O_DIRECT io_uring writes of whole records, queue depth 32,
+ *              O_DIRECT io_uring writes of whole records (the better of
+ *              queue depth 8 and 32),
  *              on the same file
  *   get-into   the same blocks back from disk into engine memory, vs raw
  *              O_DIRECT io_uring reads of the same records
@@ -36,12 +37,12 @@
 static double secs_since(int64_t t0) { return (kvt__now_ns() - t0) * 1e-9; }
 
 /* Raw O_DIRECT io_uring over n records of the file (the limit). */
-static double raw_pass(const char *path, int write, uint64_t n, size_t rec, char *bufs) {
+static double raw_pass_qd(const char *path, int write, uint64_t n, size_t rec, char *bufs, uint32_t qd) {
   int fd = open(path, O_RDWR | O_DIRECT);
   if (fd < 0) fd = open(path, O_RDWR); /* a file system without O_DIRECT: both sides buffered */
   if (fd < 0) return -1;
   struct io_uring ring;
-  if (io_uring_queue_init(RAW_QD, &ring, 0) != 0) {
+  if (io_uring_queue_init(qd, &ring, 0) != 0) {
     close(fd);
     return -1;
   }
@@ -49,9 +50,9 @@ static double raw_pass(const char *path, int write, uint64_t n, size_t rec, char
   uint64_t sent = 0, done = 0;
   int bad = 0;
   while (done < n && !bad) {
-    while (sent < n && sent - done < RAW_QD) {
+    while (sent < n && sent - done < qd) {
       struct io_uring_sqe *sqe = io_uring_get_sqe(&ring);
-      char *buf = bufs + (sent % RAW_QD) * rec;
+      char *buf = bufs + (sent % qd) * rec;
       off_t off = (off_t)(KVT_RECORD_ALIGN + sent * rec);
       if (write) io_uring_prep_write(sqe, fd, buf, (unsigned)rec, off);
       else io_uring_prep_read(sqe, fd, buf, (unsigned)rec, off);
@@ -68,6 +69,12 @@ static double raw_pass(const char *path, int write, uint64_t n, size_t rec, char
   io_uring_queue_exit(&ring);
   close(fd);
   return bad ? -1 : (double)n * BLOCK_BYTES / s / 1e9;
+}
+
+/* The limit: the better of depth 8 and depth 32. */
+static double raw_pass(const char *path, int write, uint64_t n, size_t rec, char *bufs) {
+  double a = raw_pass_qd(path, write, n, rec, bufs, 8), b = raw_pass_qd(path, write, n, rec, bufs, RAW_QD);
+  return a < 0 || b < 0 ? -1 : a > b ? a : b;
 }
 
 typedef struct sbench {
@@ -157,9 +164,9 @@ static int disk_rows(const kvt_bench_micro_opts *o, kvt_bench_rows *rows) {
   }
   if (rc == 0) {
     kvt_bench_row(rows, "put-from 2 MiB blocks, engine memory -> disk", "GB/s", best[1], best[0], 0.9,
-                  "limit: raw O_DIRECT io_uring writes of the same records, depth 32, same file");
+                  "limit: raw O_DIRECT io_uring writes of the same records, best of depth 8/32, same file");
     kvt_bench_row(rows, "get-into 2 MiB blocks, disk -> engine memory", "GB/s", best[3], best[2], 0.9,
-                  "limit: raw O_DIRECT io_uring reads of the same records, depth 32, same file");
+                  "limit: raw O_DIRECT io_uring reads of the same records, best of depth 8/32, same file");
   }
   kvt_close(b.c);
   unlink(path);
