@@ -453,6 +453,48 @@ static void keys_in_flight_are_not_written_twice(void **s) {
   sfix_close(&f);
 }
 
+/* Owner mode's prefetch works on storage mode's tiers: disk blocks of a
+ * prefix come up to kvtier's host pool ahead of the get. */
+static void prefetch_promotes_disk_blocks_to_host(void **s) {
+  sfix f;
+  sfix_open(&f, 4, 64, 1);
+  int32_t res[NB];
+  uint32_t ok;
+  fill_blocks(&f, NB, 10);
+  assert_int_equal(do_batch(&f, 0, 0, NB, 0, f.tokens, 0, res, &ok), 0);
+  kvt_drain(f.c);
+  uint8_t tiers[NB];
+  kvt_lookup_result r = {.size = sizeof r};
+  assert_int_equal(kvt_exists(f.c, NULL, f.keys, NB, 0, &r, tiers), 0);
+  assert_int_equal(r.n_prefix, NB);
+  assert_int_equal(r.n_disk, NB - 4); /* the oldest blocks spilled */
+  for (int i = 0; i < 3; i++) assert_int_equal(tiers[i], KVT_TIER_DISK);
+  /* One call fetches what the host has room for; ask until nothing is left. */
+  kvt_job job;
+  int rc, fetched = 0;
+  for (int round = 0; round < 20; round++) {
+    rc = kvt_prefetch(f.c, f.keys, 3, &job);
+    if (rc == 0) break;
+    if (rc == KVT_EAGAIN) {
+      kvt_drain(f.c);
+      continue;
+    }
+    assert_int_equal(rc, 1);
+    assert_int_equal(kvt_job_wait(f.c, job, -1), 0);
+    assert_int_equal(kvt_job_release(f.c, job), 0);
+    fetched++;
+  }
+  assert_int_equal(rc, 0);
+  assert_true(fetched >= 1);
+  r = exists(&f, 3);
+  assert_int_equal(r.n_host, 3);
+  memset(f.mem, 0, (size_t)NB * (BLOCK + 64));
+  assert_int_equal(do_batch(&f, 1, 0, 3, 0, f.tokens, 0, res, &ok), 0);
+  assert_int_equal(ok, 3);
+  assert_true(blocks_match(&f, 0, 3, 10));
+  sfix_close(&f);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(round_trip_host_one_piece),
@@ -469,6 +511,7 @@ int main(void) {
       cmocka_unit_test(finished_jobs_are_collected_once),
       cmocka_unit_test(opaque_engine_keys_stand_alone),
       cmocka_unit_test(keys_in_flight_are_not_written_twice),
+      cmocka_unit_test(prefetch_promotes_disk_blocks_to_host),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

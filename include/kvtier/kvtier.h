@@ -573,7 +573,8 @@ KVT_API int kvt_get_stats(kvt_cache *c, kvt_stats *st);
  * verification, LRU cascade (host victims spill to disk, disk victims are
  * dropped) and restart recovery are those of owner mode. There are no device
  * slots: kvt_acquire has none to give (-E2BIG) and kvt_store nothing
- * to copy; kvt_lookup, kvt_plan_request and kvt_drain work as in owner mode.
+ * to copy; kvt_lookup, kvt_plan_request, kvt_prefetch (disk to kvtier's
+ * host pool) and kvt_drain work as in owner mode.
  *
  * Copies run on kvtier's storage workers (copy_threads of them, at most 4;
  * 0: 2), never on the caller: each batch call returns at once with a job,
