@@ -22,7 +22,7 @@ static const char *level_name(int level) {
   return level <= KVT_LOG_ERROR ? "error" : level == KVT_LOG_WARN ? "warning" : "info";
 }
 
-static void vlog(const kvt__log_sink *s, int level, const char *fmt, va_list ap) {
+__attribute__((format(printf, 3, 0))) static void vlog(const kvt__log_sink *s, int level, const char *fmt, va_list ap) {
   if (s && level > s->level) return;
   kvt_log_fn fn = s ? s->fn : NULL;
   void *ctx = s ? s->ctx : NULL;
