@@ -108,9 +108,7 @@ typedef void (*kvt_log_fn)(void *ctx, int level, const char *msg);
 /* The log hook. A cache's messages go to its config's log_fn when set, else
  * to the process-wide handler installed here, else to stderr as
  * "kvtier: warning: ..." lines; the cache's log_level (KVT_LOG_WARN by
- * default) drops the less severe ones wherever they go. Messages of no
- * cache (internal tools, tests) go to this handler (all levels) or stderr
- * (warnings and errors).
+ * default) drops the less severe ones wherever they go.
  * A handler is called on whichever thread notices the event, kvtier's own
  * copy workers and disk completion thread included (the one documented
  * exception to "no callbacks"), with a one-line message, no trailing

@@ -32,8 +32,8 @@ __attribute__((format(printf, 3, 0))) static void vlog(const kvt__log_sink *s, i
     ctx = sink_ctx;
     pthread_mutex_unlock(&sink_lock);
   }
-  /* Outside any cache: a process-wide handler sees everything, stderr warnings. */
-  if (!s && !fn && level > KVT_LOG_WARN) return;
+  /* Outside any cache (internal code driven directly): the process-wide handler only. */
+  if (!s && !fn) return;
   char msg[512];
   vsnprintf(msg, sizeof msg, fmt, ap);
   if (fn) fn(ctx, level, msg); /* outside the lock: the handler may log or swap itself */

@@ -14,8 +14,8 @@ typedef struct kvt__log_sink {
 } kvt__log_sink;
 
 /* A message to the sink of the cache this thread is opening (kvt__log_scope),
- * or, outside any scope, to the process-wide handler (else stderr, warnings
- * and errors only). */
+ * or, outside any scope, to the process-wide handler only (never stderr:
+ * tests and fuzzers drive the store and backends without a cache). */
 void kvt__log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* A message to a cache's sink (sink NULL: as kvt__log). */
 void kvt__log_to(const kvt__log_sink *sink, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
