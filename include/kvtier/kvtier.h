@@ -594,7 +594,7 @@ enum { KVT_METRICS_PROMETHEUS = 0, KVT_METRICS_JSON = 1 };
  * truncated, NUL-terminated prefix when *len was at least 1; call again
  * with a buffer of at least the returned *len + 1 bytes, plus headroom:
  * counters grow between calls). buf may be NULL when *len is 0 (a size
- * query). Takes the metadata lock once, briefly; does not allocate; valid
+ * query). Takes the metadata lock briefly; does not allocate; valid
  * before kvt_register_layout (capacities 0). Returns -EINVAL for a NULL
  * cache or len, an unknown format, or buf NULL with *len > 0. Counters are
  * monotonic for the cache's lifetime; figures exact once transfers are
