@@ -407,6 +407,7 @@ void kvt_close(kvt_cache *c) {
    * the copy-on-write image, so the child's copy is left as it is. */
   if (kvt__forked(c)) return;
   if (c->jobs) kvt_drain(c);
+  kvt__events_flush_final(c);
   if (c->disk) kvt__disk_close(c->disk);
   kvt__jobs_fini(c);
   kvt__host_pool_fini(&c->host, &c->dev);

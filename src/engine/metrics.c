@@ -67,7 +67,7 @@ static const char *const event_what[KVT__EV_KINDS] = {
     [KVT__EV_IO] = "disk I/O error", [KVT__EV_CHECKSUM] = "disk record failed its checksum",
     [KVT__EV_COPY] = "device copy error"};
 
-void kvt__events_flush(kvt_cache *c) {
+static void flush(kvt_cache *c, int final) {
   kvt__metrics *m = &c->metrics;
   if (!atomic_load_explicit(&m->ev_pending, memory_order_acquire)) return;
   event_line lines[KVT__EV_KINDS];
@@ -76,7 +76,7 @@ void kvt__events_flush(kvt_cache *c) {
   pthread_mutex_lock(&c->lock);
   for (int k = 0; k < KVT__EV_KINDS; k++) {
     if (!m->ev_count[k]) continue;
-    if (m->ev_last_ns[k] && now - m->ev_last_ns[k] < EVENT_INTERVAL_NS) {
+    if (!final && m->ev_last_ns[k] && now - m->ev_last_ns[k] < EVENT_INTERVAL_NS) {
       left = 1; /* reported with the next line of its kind */
       continue;
     }
@@ -98,3 +98,8 @@ void kvt__events_flush(kvt_cache *c) {
       kvt__log_to(&c->log, KVT_LOG_ERROR, "%s%s: %s", event_what[l->kind], where, kvt_strerror(l->status));
   }
 }
+
+void kvt__events_flush(kvt_cache *c) { flush(c, 0); }
+
+/* At close: what the rate limit held back is reported now, not never. */
+void kvt__events_flush_final(kvt_cache *c) { flush(c, 1); }

@@ -84,5 +84,7 @@ void kvt__metrics_transfer(kvt_cache *c, const struct kvt__job *jb, int path, in
 void kvt__event_note(kvt_cache *c, int kind, int status, uint64_t slot);
 /* Logs the events noted so far (c->lock NOT held: the handler runs outside it). */
 void kvt__events_flush(kvt_cache *c);
+/* The same, ignoring the rate limit (kvt_close, once transfers are drained). */
+void kvt__events_flush_final(kvt_cache *c);
 
 #endif
