@@ -476,6 +476,35 @@ static void checksum_failures_counted_and_logged(void **state) {
   fixture_close(&f);
 }
 
+/* Reads that fail while the disk tier is recovered: one error line, the slots discarded. */
+static void recovery_io_errors_are_logged(void **state) {
+  kvt_config cfg = disk_config(4, 16, "recover");
+  fixture f;
+  fixture_open_cfg(&f, &cfg, 8);
+  kvt_key kA[4], kB[4];
+  uint32_t tA[4 * BT], tB[4 * BT];
+  fixture_keys(&f, 1, 4, kA, tA);
+  fixture_keys(&f, 2, 4, kB, tB);
+  request(&f, kA, tA, 4, 4, 1);
+  fixture_offload(&f, kA, 4);
+  request(&f, kB, tB, 4, 4, 2);
+  fixture_offload(&f, kB, 4); /* A spills to disk */
+  fixture_close(&f);
+  book_clear();
+  cfg.disk_reset = 0;
+  arm(KVT_FAULT_IO_COMPLETE, -EIO, 2);
+  fixture_open_cfg(&f, &cfg, 8);
+  disarm();
+  kvt_stats st = fixture_stats(&f);
+  /* The two failed reads are discarded slots, whether or not they held one of A's 4 records. */
+  assert_true(st.disk_discarded >= 2 && st.disk_recovered <= 4 && st.disk_recovered + st.disk_discarded <= 6);
+  assert_int_equal(book_count(KVT_LOG_ERROR, "I/O errors while recovering", disk_path), 1);
+  scrape(f.c, &ex);
+  assert_true(value_of(&ex, "kvtier_disk_discarded_blocks_total", NULL) == (double)st.disk_discarded);
+  assert_true(value_of(&ex, "kvtier_disk_recovered_blocks_total", NULL) == (double)st.disk_recovered);
+  fixture_close(&f);
+}
+
 /* A file of another model at disk_path is set aside: a warning names both paths. */
 static void foreign_disk_file_set_aside_is_logged(void **state) {
   kvt_config cfg = disk_config(4, 16, "shared");
@@ -580,6 +609,7 @@ int main(void) {
       cmocka_unit_test(io_errors_logged_once_then_counted),
       cmocka_unit_test(load_errors_are_misses_and_logged),
       cmocka_unit_test(checksum_failures_counted_and_logged),
+      cmocka_unit_test(recovery_io_errors_are_logged),
       cmocka_unit_test(foreign_disk_file_set_aside_is_logged),
       cmocka_unit_test(default_warnings_go_to_stderr),
       cmocka_unit_test(uring_refused_fallback_is_logged),

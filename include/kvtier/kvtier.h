@@ -121,7 +121,8 @@ typedef void (*kvt_log_fn)(void *ctx, int level, const char *msg);
  *  - error: disk I/O errors, records failing their checksum, device copy
  *    errors: the first at once, then at most one line per second per kind,
  *    counting the ones in between (those still held back at kvt_close
- *    are reported then); preallocation failures;
+ *    are reported then); read errors while recovering the disk tier;
+ *    preallocation failures;
  *  - info: a disk tier resized or recovered (blocks found, discarded).
  * NULL restores the default. */
 KVT_API void kvt_set_log_handler(kvt_log_fn fn, void *ctx);

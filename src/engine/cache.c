@@ -332,6 +332,7 @@ static int open_disk(kvt_cache *c) {
   c->st.disk_resize_moved = ds.resize_moved;
   c->st.disk_resize_dropped = ds.resize_dropped;
   c->st.disk_recover_bytes = ds.recover_bytes;
+  if (ds.io_errors) kvt__log_to(&c->log, KVT_LOG_ERROR, "%s: %llu I/O errors while recovering the disk tier; the slots they hit were discarded", c->disk_path, (unsigned long long)ds.io_errors);
   kvt__log_to(&c->log, KVT_LOG_INFO, "%s: recovered %llu blocks, discarded %llu records", c->disk_path, (unsigned long long)c->st.disk_recovered, (unsigned long long)discarded);
   return rc < 0 ? rc : 0;
 }
