@@ -24,7 +24,7 @@ struct kvt__job;
 enum {
   KVT__MISS_ABSENT = 0,   /* in the restore range, not restored otherwise: not cached, or behind a block that was not restorable */
   KVT__MISS_PLANNED,      /* past the caller's restore count: the plan recomputes it */
-  KVT__MISS_MISMATCH,     /* its stored tokens or parent differ from the request's */
+  KVT__MISS_MISMATCH,     /* its stored tokens differ from the request's */
   KVT__MISS_LOAD_ERROR,   /* its copy failed (I/O, checksum, copy error) or was cut behind one */
   KVT__MISS_REASONS
 };
