@@ -87,6 +87,7 @@ class BlockState(enum.IntEnum):
 
 
 class LogLevel(enum.IntEnum):
+    NONE = -1  # as a cache's log_level: no messages
     ERROR = 0
     WARN = 1
     INFO = 2
@@ -148,7 +149,7 @@ def set_log_handler(handler):
     """Installs the process-wide handler of the library's log messages
     (kvt_set_log_handler): handler(level: LogLevel, message: str), or
     "logging" to send them to logging.getLogger("kvtier"), or None (default:
-    the library logs nothing). The handler runs on whichever thread noticed
+    warnings and errors go to stderr; a cache's log_level filters them). The handler runs on whichever thread noticed
     the event, library threads included, holding the GIL; it must not call
     into a cache. Exceptions it raises are printed and otherwise ignored."""
     global _log_callback
@@ -878,3 +879,18 @@ class Cache:
         st = Stats()
         _check(lib.kvt_get_stats(self._ptr(), st._c), "kvt_get_stats")
         return st
+
+    def metrics(self, format="prometheus"):
+        """The cache's metrics (kvt_metrics_write) as a str: "prometheus" for
+        the text exposition format, "json" for the same figures as JSON.
+        kvtier.prometheus.KvtierCollector exports them to prometheus_client."""
+        fmt = {"prometheus": 0, "json": 1}[format]
+        size = ffi.new("size_t *", 0)
+        while True:
+            cap = size[0] + 4096  # counters may gain digits between the calls
+            buf = ffi.new("char[]", cap)
+            size[0] = cap
+            rc = lib.kvt_metrics_write(self._ptr(), fmt, buf, size)
+            if rc != -_errno.ENOBUFS:
+                _check(rc, "kvt_metrics_write")
+                return ffi.string(buf, size[0]).decode()

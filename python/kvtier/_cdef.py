@@ -47,6 +47,9 @@ typedef struct kvt_config {
   uint32_t max_jobs;
   uint32_t max_job_blocks;
   int disk_durable;
+  kvt_log_fn log_fn;
+  void *log_ctx;
+  int log_level;
 } kvt_config;
 void kvt_config_init(kvt_config *cfg);
 
@@ -203,6 +206,7 @@ typedef struct kvt_stats {
   uint64_t disk_recover_bytes;
 } kvt_stats;
 int kvt_get_stats(kvt_cache *c, kvt_stats *st);
+int kvt_metrics_write(kvt_cache *c, int format, char *buf, size_t *len);
 """
 
 # Error codes of KVT_ERROR_MAP (never renumbered or reused).
