@@ -5,6 +5,7 @@
  * a scripted run did against known capacities; and the log hook sees each
  * operator event under injected faults. */
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
@@ -13,6 +14,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -523,6 +525,50 @@ static void foreign_disk_file_set_aside_is_logged(void **state) {
   fixture_close(&f);
 }
 
+/* Whole lines, however long: a message naming two long paths is not cut. */
+static char long_line[16384];
+static int long_lines, long_newlines;
+static void collect_long(void *ctx, int level, const char *msg) {
+  (void)ctx;
+  if (level == KVT_LOG_WARN && strstr(msg, "set aside")) snprintf(long_line, sizeof long_line, "%s", msg);
+  if (strchr(msg, '\n') || strchr(msg, '\r')) long_newlines++;
+  long_lines++;
+}
+
+/* A disk path of 3000+ bytes with a newline in it: the set-aside warning
+ * still names both paths in full, and no message holds a line break. */
+static void long_paths_and_newlines_keep_one_whole_line(void **state) {
+  (void)state;
+  static char dir[4096];
+  snprintf(dir, sizeof dir, "%s/long", kvt_test_tmpdir());
+  mkdir(dir, 0755);
+  while (strlen(dir) < 3000) {
+    strcat(dir, "/dddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddd");
+    assert_true(mkdir(dir, 0755) == 0 || errno == EEXIST);
+  }
+  kvt_config cfg = disk_config(4, 16, "unused");
+  snprintf(disk_path, sizeof disk_path, "%s/kv\nfake: injected.kvt", dir);
+  cfg.log_fn = collect_long;
+  cfg.log_ctx = NULL;
+  fixture f;
+  fixture_open_cfg(&f, &cfg, 8);
+  fixture_close(&f);
+  long_lines = long_newlines = 0;
+  long_line[0] = 0;
+  cfg.disk_reset = 0;
+  cfg.model_fingerprint = "another-model@2";
+  fixture_open_cfg(&f, &cfg, 8);
+  fixture_close(&f);
+  assert_true(long_lines >= 1);
+  assert_int_equal(long_newlines, 0);
+  /* Both paths, with the newline shown as '?'. */
+  char shown[4300], side[4400];
+  snprintf(shown, sizeof shown, "%s/kv?fake: injected.kvt", dir);
+  snprintf(side, sizeof side, "uses %s.", shown);
+  assert_non_null(strstr(long_line, shown));
+  assert_non_null(strstr(long_line, side));
+}
+
 /* Defaults: no log_fn and no process-wide handler: warnings to stderr, info
  * not; KVT_LOG_NONE silences the cache. */
 static void default_warnings_go_to_stderr(void **state) {
@@ -613,6 +659,7 @@ int main(void) {
       cmocka_unit_test(foreign_disk_file_set_aside_is_logged),
       cmocka_unit_test(default_warnings_go_to_stderr),
       cmocka_unit_test(uring_refused_fallback_is_logged),
+      cmocka_unit_test(long_paths_and_newlines_keep_one_whole_line),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
