@@ -526,11 +526,12 @@ static void foreign_disk_file_set_aside_is_logged(void **state) {
 }
 
 /* Whole lines, however long: a message naming two long paths is not cut. */
-static char long_line[16384];
+static char long_line[16384], long_io_line[16384];
 static int long_lines, long_newlines;
 static void collect_long(void *ctx, int level, const char *msg) {
   (void)ctx;
   if (level == KVT_LOG_WARN && strstr(msg, "set aside")) snprintf(long_line, sizeof long_line, "%s", msg);
+  if (level == KVT_LOG_ERROR && strstr(msg, "disk I/O error")) snprintf(long_io_line, sizeof long_io_line, "%s", msg);
   if (strchr(msg, '\n') || strchr(msg, '\r')) long_newlines++;
   long_lines++;
 }
@@ -558,6 +559,18 @@ static void long_paths_and_newlines_keep_one_whole_line(void **state) {
   cfg.disk_reset = 0;
   cfg.model_fingerprint = "another-model@2";
   fixture_open_cfg(&f, &cfg, 8);
+  /* A failed spill: the I/O error line names the slot and the whole path. */
+  kvt_key kA[4], kB[4];
+  uint32_t tA[4 * BT], tB[4 * BT];
+  fixture_keys(&f, 1, 4, kA, tA);
+  fixture_keys(&f, 2, 4, kB, tB);
+  request(&f, kA, tA, 4, 4, 1);
+  fixture_offload(&f, kA, 4);
+  request(&f, kB, tB, 4, 4, 2);
+  arm(KVT_FAULT_IO_COMPLETE, -EIO, 4);
+  fixture_offload(&f, kB, 4);
+  kvt_drain(f.c);
+  disarm();
   fixture_close(&f);
   assert_true(long_lines >= 1);
   assert_int_equal(long_newlines, 0);
@@ -567,6 +580,10 @@ static void long_paths_and_newlines_keep_one_whole_line(void **state) {
   snprintf(side, sizeof side, "uses %s.", shown);
   assert_non_null(strstr(long_line, shown));
   assert_non_null(strstr(long_line, side));
+  snprintf(side, sizeof side, " of %s", shown);
+  if (!strstr(long_io_line, side) || !strstr(long_io_line, "): ")) print_message("I/O error line: %s\n", long_io_line + (strlen(long_io_line) > 200 ? strlen(long_io_line) - 200 : 0));
+  assert_non_null(strstr(long_io_line, side));
+  assert_non_null(strstr(long_io_line, "): "));
 }
 
 /* Defaults: no log_fn and no process-wide handler: warnings to stderr, info

@@ -90,7 +90,7 @@ static void flush(kvt_cache *c, int final) {
   pthread_mutex_unlock(&c->lock);
   for (int i = 0; i < n; i++) {
     const event_line *l = &lines[i];
-    char where[320] = "";
+    char where[4096 + 64] = ""; /* a disk path of up to PATH_MAX, whole */
     if (l->slot != UINT64_MAX && c->disk_path)
       snprintf(where, sizeof where, " (slot %llu of %s)", (unsigned long long)l->slot, c->disk_path);
     if (l->count > 1)
