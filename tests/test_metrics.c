@@ -5,6 +5,7 @@
  * a scripted run did against known capacities; and the log hook sees each
  * operator event under injected faults. */
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
@@ -13,6 +14,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -523,6 +525,67 @@ static void foreign_disk_file_set_aside_is_logged(void **state) {
   fixture_close(&f);
 }
 
+/* Whole lines, however long: a message naming two long paths is not cut. */
+static char long_line[16384], long_io_line[16384];
+static int long_lines, long_newlines;
+static void collect_long(void *ctx, int level, const char *msg) {
+  (void)ctx;
+  if (level == KVT_LOG_WARN && strstr(msg, "set aside")) snprintf(long_line, sizeof long_line, "%s", msg);
+  if (level == KVT_LOG_ERROR && strstr(msg, "disk I/O error")) snprintf(long_io_line, sizeof long_io_line, "%s", msg);
+  if (strchr(msg, '\n') || strchr(msg, '\r')) long_newlines++;
+  long_lines++;
+}
+
+/* A disk path of 3000+ bytes with a newline in it: the set-aside warning
+ * still names both paths in full, and no message holds a line break. */
+static void long_paths_and_newlines_keep_one_whole_line(void **state) {
+  (void)state;
+  static char dir[4096];
+  snprintf(dir, sizeof dir, "%s/long", kvt_test_tmpdir());
+  mkdir(dir, 0755);
+  while (strlen(dir) < 3000) {
+    strcat(dir, "/dddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddd");
+    assert_true(mkdir(dir, 0755) == 0 || errno == EEXIST);
+  }
+  kvt_config cfg = disk_config(4, 16, "unused");
+  snprintf(disk_path, sizeof disk_path, "%s/kv\nfake: injected.kvt", dir);
+  cfg.log_fn = collect_long;
+  cfg.log_ctx = NULL;
+  fixture f;
+  fixture_open_cfg(&f, &cfg, 8);
+  fixture_close(&f);
+  long_lines = long_newlines = 0;
+  long_line[0] = 0;
+  cfg.disk_reset = 0;
+  cfg.model_fingerprint = "another-model@2";
+  fixture_open_cfg(&f, &cfg, 8);
+  /* A failed spill: the I/O error line names the slot and the whole path. */
+  kvt_key kA[4], kB[4];
+  uint32_t tA[4 * BT], tB[4 * BT];
+  fixture_keys(&f, 1, 4, kA, tA);
+  fixture_keys(&f, 2, 4, kB, tB);
+  request(&f, kA, tA, 4, 4, 1);
+  fixture_offload(&f, kA, 4);
+  request(&f, kB, tB, 4, 4, 2);
+  arm(KVT_FAULT_IO_COMPLETE, -EIO, 4);
+  fixture_offload(&f, kB, 4);
+  kvt_drain(f.c);
+  disarm();
+  fixture_close(&f);
+  assert_true(long_lines >= 1);
+  assert_int_equal(long_newlines, 0);
+  /* Both paths, with the newline shown as '?'. */
+  char shown[4300], side[4400];
+  snprintf(shown, sizeof shown, "%s/kv?fake: injected.kvt", dir);
+  snprintf(side, sizeof side, "uses %s.", shown);
+  assert_non_null(strstr(long_line, shown));
+  assert_non_null(strstr(long_line, side));
+  snprintf(side, sizeof side, " of %s", shown);
+  if (!strstr(long_io_line, side) || !strstr(long_io_line, "): ")) print_message("I/O error line: %s\n", long_io_line + (strlen(long_io_line) > 200 ? strlen(long_io_line) - 200 : 0));
+  assert_non_null(strstr(long_io_line, side));
+  assert_non_null(strstr(long_io_line, "): "));
+}
+
 /* Defaults: no log_fn and no process-wide handler: warnings to stderr, info
  * not; KVT_LOG_NONE silences the cache. */
 static void default_warnings_go_to_stderr(void **state) {
@@ -601,6 +664,65 @@ static void uring_refused_fallback_is_logged(void **state) {
   assert_int_equal(WEXITSTATUS(status), 0);
 }
 
+/* ---- scrapes while requests run ---- */
+
+typedef struct hammer {
+  fixture *f;
+  uint32_t conv;
+  atomic_int *stop;
+} hammer;
+
+static void *hammer_main(void *arg) {
+  hammer *h = arg;
+  kvt_key k[4];
+  uint32_t t[4 * BT], slots[4];
+  fixture_keys(h->f, h->conv, 4, k, t);
+  while (!atomic_load(h->stop)) {
+    kvt_req r;
+    int rc = kvt_acquire(h->f->c, k, t, 4, 2, 0, 0, &r, slots, NULL);
+    if (rc < 0) continue;
+    kvt_request_wait(h->f->c, r, -1, NULL);
+    kvt_commit(h->f->c, r, 4, NULL);
+    kvt_release(h->f->c, r);
+  }
+  return NULL;
+}
+
+static expo live; /* large: not on the stack */
+
+/* A scrape taken while other threads acquire never shows more hits plus
+ * misses than keyed blocks acquired (each block is added to
+ * acquire_blocks before it is counted as a hit or a miss), so a hit ratio
+ * computed from one scrape never exceeds 1. */
+static void scrape_never_counts_more_outcomes_than_blocks(void **state) {
+  REQUIRE_COUNTING();
+  fixture f;
+  fixture_open(&f, 16, 0);
+  atomic_int stop = 0;
+  hammer h[2] = {{&f, 1, &stop}, {&f, 2, &stop}};
+  pthread_t th[2];
+  for (int i = 0; i < 2; i++) assert_int_equal(pthread_create(&th[i], NULL, hammer_main, &h[i]), 0);
+  int bad = 0;
+  for (int n = 0; n < 3000 && !bad; n++) {
+    size_t cap = sizeof live.text;
+    assert_int_equal(kvt_metrics_write(f.c, KVT_METRICS_PROMETHEUS, live.text, &cap), 0);
+    parse_prometheus(live.text, &live);
+    double out = 0;
+    for (int i = 0; i < live.n; i++)
+      if (!strcmp(live.s[i].name, "kvtier_hit_blocks_total") || !strcmp(live.s[i].name, "kvtier_miss_blocks_total"))
+        out += live.s[i].value;
+    double blocks = value_of(&live, "kvtier_acquire_blocks_total", NULL);
+    if (out > blocks) {
+      print_message("scrape %d: hits + misses %.0f > acquire_blocks %.0f\n", n, out, blocks);
+      bad = 1;
+    }
+  }
+  atomic_store(&stop, 1);
+  for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+  assert_int_equal(bad, 0);
+  fixture_close(&f);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(exposition_before_layout_and_buffer_rules),
@@ -613,6 +735,8 @@ int main(void) {
       cmocka_unit_test(foreign_disk_file_set_aside_is_logged),
       cmocka_unit_test(default_warnings_go_to_stderr),
       cmocka_unit_test(uring_refused_fallback_is_logged),
+      cmocka_unit_test(long_paths_and_newlines_keep_one_whole_line),
+      cmocka_unit_test(scrape_never_counts_more_outcomes_than_blocks),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -18,6 +18,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 __all__ = ["KvtierCollector"]
 
+# Label names of kvtier's own samples (docs/metrics.md), and the histogram's.
+_OWN_LABELS = frozenset(("version", "device_backend", "disk_backend", "counting", "tier", "reason", "src", "dst",
+                         "kind", "decision", "le"))
+
 
 class KvtierCollector:
     """A prometheus_client collector over one or more kvtier caches. With
@@ -30,8 +34,21 @@ class KvtierCollector:
             self.add(cache, labels)
 
     def add(self, cache, labels=None):
-        """Adds a cache whose samples carry the extra constant labels."""
-        self._caches.append((cache, dict(labels or {})))
+        """Adds a cache whose samples carry the extra constant labels. Every
+        cache of one collector needs the same label names with values that
+        tell it apart, none of them a name kvtier uses itself (ValueError
+        otherwise: the scrape would hold duplicate series)."""
+        labels = dict(labels or {})
+        clash = _OWN_LABELS.intersection(labels)
+        if clash:
+            raise ValueError("label %s is kvtier's own" % ", ".join(sorted(clash)))
+        for _, other in self._caches:
+            if set(other) != set(labels):
+                raise ValueError("every cache needs the same extra label names: %s, not %s"
+                                 % (sorted(other) or "none", sorted(labels) or "none"))
+            if other == labels:
+                raise ValueError("another cache already has labels %r" % (labels,))
+        self._caches.append((cache, labels))
 
     def describe(self):
         return []  # families are known only once a cache is read: no check at register time

@@ -96,3 +96,25 @@ def test_prometheus_client_collector(make_cache):
     assert own['kvtier_hit_blocks_total{tier="device"}'] == 3
     assert np.isclose(own['kvtier_info{version="%s",device_backend="host",disk_backend="none",counting="on"}'
                           % kvtier.version()], 1)
+
+
+def test_collector_refuses_labels_that_would_duplicate_series(make_cache):
+    pytest.importorskip("prometheus_client")
+    from kvtier.prometheus import KvtierCollector
+
+    a, _ = make_cache(slots=8, host_blocks=8)
+    b, _ = make_cache(slots=8, host_blocks=8)
+    # A cache without labels, then one with: the second's label would be dropped.
+    collector = KvtierCollector(a)
+    with pytest.raises(ValueError):
+        collector.add(b, {"cache": "b"})
+    # Two caches with the same labels: every series twice.
+    collector = KvtierCollector()
+    collector.add(a, {"cache": "x"})
+    with pytest.raises(ValueError):
+        collector.add(b, {"cache": "x"})
+    # A label kvtier uses itself would overwrite it (three tier="x" series).
+    with pytest.raises(ValueError):
+        KvtierCollector(a, {"tier": "x"})
+    collector.add(b, {"cache": "y"})
+    assert len(list(collector.collect())) > 0

@@ -14,17 +14,19 @@ const double kvt__lat_bounds_s[KVT__LAT_BOUNDS] = {50e-6, 100e-6, 250e-6, 500e-6
                                                     10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 1.0,   5.0};
 
 static void add(_Atomic uint64_t *a, uint64_t n) { atomic_fetch_add_explicit(a, n, memory_order_relaxed); }
+/* A hit or miss: ordered after the acquire_blocks add before it (see emit in metrics_text.c). */
+static void add_outcome(_Atomic uint64_t *a, uint64_t n) { atomic_fetch_add_explicit(a, n, memory_order_release); }
 
 void kvt__metrics_acquire(kvt_cache *c, size_t n_blocks, size_t restore, uint32_t n_restored, int mismatch,
                           uint32_t n_dev) {
   kvt__metrics *m = &c->metrics;
   add(&m->acquire_blocks, n_blocks);
   /* Device hits are valid at once; host and disk hits count when their load lands. */
-  if (n_dev) add(&m->hit_blocks[KVT__T_DEV], n_dev);
-  if (n_blocks > restore) add(&m->miss_blocks[KVT__MISS_PLANNED], n_blocks - restore);
+  if (n_dev) add_outcome(&m->hit_blocks[KVT__T_DEV], n_dev);
+  if (n_blocks > restore) add_outcome(&m->miss_blocks[KVT__MISS_PLANNED], n_blocks - restore);
   uint64_t refused = mismatch && restore > n_restored ? 1 : 0;
-  if (refused) add(&m->miss_blocks[KVT__MISS_MISMATCH], 1);
-  if (restore > n_restored + refused) add(&m->miss_blocks[KVT__MISS_ABSENT], restore - n_restored - refused);
+  if (refused) add_outcome(&m->miss_blocks[KVT__MISS_MISMATCH], 1);
+  if (restore > n_restored + refused) add_outcome(&m->miss_blocks[KVT__MISS_ABSENT], restore - n_restored - refused);
 }
 
 void kvt__metrics_plan(kvt_cache *c, const kvt_plan *plan) {
@@ -88,7 +90,7 @@ static void flush(kvt_cache *c, int final) {
   pthread_mutex_unlock(&c->lock);
   for (int i = 0; i < n; i++) {
     const event_line *l = &lines[i];
-    char where[320] = "";
+    char where[4096 + 64] = ""; /* a disk path of up to PATH_MAX, whole */
     if (l->slot != UINT64_MAX && c->disk_path)
       snprintf(where, sizeof where, " (slot %llu of %s)", (unsigned long long)l->slot, c->disk_path);
     if (l->count > 1)

@@ -62,8 +62,10 @@ extern const double kvt__lat_bounds_s[KVT__LAT_BOUNDS];
 #define KVT__M_PLAN(c, plan) ((void)(c))
 #define KVT__M_TRANSFER(c, jb, path, ns) ((void)(c))
 #else
+/* Release: a hit or miss counted here is ordered after its block's
+ * acquire_blocks add, which a scrape reads last (metrics_text.c). */
 #define KVT__M_ADD(c, field, n) \
-  atomic_fetch_add_explicit(&(c)->metrics.field, (uint64_t)(n), memory_order_relaxed)
+  atomic_fetch_add_explicit(&(c)->metrics.field, (uint64_t)(n), memory_order_release)
 #define KVT__M_ACQUIRE(c, n_blocks, restore, n_restored, mismatch, n_dev) \
   kvt__metrics_acquire(c, n_blocks, restore, n_restored, mismatch, n_dev)
 #define KVT__M_PLAN(c, plan) kvt__metrics_plan(c, plan)

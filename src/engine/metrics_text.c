@@ -158,8 +158,14 @@ static void emit(out *o, kvt_cache *c, const kvt_stats *st, uint64_t inflight, c
   counter(o, "kvtier_lookup_tokens_total", "Tokens asked about by lookups (blocks x block_tokens)",
           st->lookup_blocks * bt);
   counter(o, "kvtier_acquires_total", "kvt_acquire calls that got device slots", st->acquires);
+  /* Hits and misses before the blocks acquired: every block is added to
+   * acquire_blocks before it counts as a hit or a miss (release adds), so
+   * one scrape never shows more outcomes than blocks, even while requests
+   * run (a hit ratio from one scrape stays <= 1). */
+  uint64_t miss[KVT__MISS_REASONS];
+  for (int t = 0; t < KVT__NTIERS; t++) v[t] = atomic_load_explicit(&m->hit_blocks[t], memory_order_acquire);
+  for (int r = 0; r < KVT__MISS_REASONS; r++) miss[r] = atomic_load_explicit(&m->miss_blocks[r], memory_order_acquire);
   counter(o, "kvtier_acquire_blocks_total", "Keyed blocks of acquired requests", load(&m->acquire_blocks));
-  for (int t = 0; t < KVT__NTIERS; t++) v[t] = load(&m->hit_blocks[t]);
   per_tier(o, "kvtier_hit_blocks_total", "counter",
            "Blocks restored for a request, by the tier they came from (counted once valid on the device)", v);
   for (int t = 0; t < KVT__NTIERS; t++) v[t] *= bt;
@@ -168,7 +174,7 @@ static void emit(out *o, kvt_cache *c, const kvt_stats *st, uint64_t inflight, c
                                                          "load_error"};
   family(o, "kvtier_miss_blocks_total", "counter", "Keyed blocks of acquired requests that were not restored, by reason");
   for (int r = 0; r < KVT__MISS_REASONS; r++)
-    sample(o, "kvtier_miss_blocks_total", &(label){"reason", reason[r]}, 1, load(&m->miss_blocks[r]));
+    sample(o, "kvtier_miss_blocks_total", &(label){"reason", reason[r]}, 1, miss[r]);
   counter(o, "kvtier_committed_blocks_total", "Computed blocks that became cached on the device",
           st->blocks_committed);
   uint64_t blocks[KVT__PATHS] = {st->blocks_d2h, st->blocks_h2d, st->blocks_h2disk, st->blocks_disk2h};

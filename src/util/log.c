@@ -34,8 +34,13 @@ __attribute__((format(printf, 3, 0))) static void vlog(const kvt__log_sink *s, i
   }
   /* Outside any cache (internal code driven directly): the process-wide handler only. */
   if (!s && !fn) return;
-  char msg[512];
+  /* Room for two full paths (a file set aside and the one used instead) and
+   * the text; control characters (a newline in a path) would break the
+   * one-line-per-event promise, so they become '?'. */
+  char msg[2 * 4096 + 512];
   vsnprintf(msg, sizeof msg, fmt, ap);
+  for (char *p = msg; *p; p++)
+    if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = '?';
   if (fn) fn(ctx, level, msg); /* outside the lock: the handler may log or swap itself */
   else fprintf(stderr, "kvtier: %s: %s\n", level_name(level), msg);
 }
