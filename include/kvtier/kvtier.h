@@ -124,6 +124,11 @@ typedef void (*kvt_log_fn)(void *ctx, int level, const char *msg);
  *    are reported then); read errors while recovering the disk tier;
  *    preallocation failures;
  *  - info: a disk tier resized or recovered (blocks found, discarded).
+ * A line is written after the lock that found its event is released, so it
+ * may arrive just after a wait that saw the failure returns. A replaced
+ * handler may still be running on another thread for a moment after this
+ * call returns: keep its ctx alive until kvt_close of every cache (or
+ * process exit).
  * NULL restores the default. */
 KVT_API void kvt_set_log_handler(kvt_log_fn fn, void *ctx);
 

@@ -142,7 +142,10 @@ def _check(rc, call):
     return rc
 
 
-_log_callback = None  # the installed cffi callback, kept alive while installed
+_log_callback = None  # the installed cffi callback
+# Replaced callbacks stay alive: the library may still be running one on
+# another thread just after kvt_set_log_handler returns (a few bytes each).
+_retired_log_callbacks = []
 
 
 def set_log_handler(handler):
@@ -162,6 +165,8 @@ def set_log_handler(handler):
             logger.log(levels.get(int(level), logging.INFO), "%s", message)
     if handler is None:
         lib.kvt_set_log_handler(ffi.NULL, ffi.NULL)
+        if _log_callback is not None:
+            _retired_log_callbacks.append(_log_callback)
         _log_callback = None
         return
 
@@ -170,7 +175,9 @@ def set_log_handler(handler):
 
     cb = ffi.callback("kvt_log_fn", trampoline)
     lib.kvt_set_log_handler(cb, ffi.NULL)
-    _log_callback = cb  # the previous one is freed only once the new one is in place
+    if _log_callback is not None:
+        _retired_log_callbacks.append(_log_callback)
+    _log_callback = cb
 
 
 # --------------------------------------------------------------------------
