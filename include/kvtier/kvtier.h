@@ -17,7 +17,8 @@
  *    blocks) bookkeeping, never across a copy or an I/O. Exceptions: kvt_open,
  *    kvt_register_layout and kvt_close must not race other calls on the same
  *    cache. Functions marked "may block" wait for copies or I/O.
- *  - Callbacks: none but the optional log handler (kvt_set_log_handler).
+ *  - Callbacks: none but the optional log hook (kvt_set_log_handler, or
+ *    the config's log_fn).
  *    kvtier never calls into the engine from its threads otherwise;
  *    completion is learned by polling or waiting.
  *  - Structs only ever grow, and `size` says which version the caller was
@@ -35,8 +36,9 @@
  *    transfers stayed in the parent) and kvt_close frees nothing; open a new
  *    cache in the child (with another disk_path: the parent keeps its file).
  *    Python engines using multiprocessing's "fork" start method hit this.
- *  - Logging: the library never writes to stdout or stderr. Install a
- *    handler with kvt_set_log_handler to see its warnings.
+ *  - Logging: the library never writes to stdout; its warnings and errors
+ *    go to stderr unless the config's log_fn, a process-wide handler
+ *    (kvt_set_log_handler) or log_level = KVT_LOG_NONE says otherwise.
  *  - Memory: block slots, jobs and requests are allocated at open / layout
  *    registration; lookup, acquire, commit, release and the copy paths do not
  *    allocate.
@@ -100,14 +102,34 @@ enum {
 /* A static string for any return code (0, 1, -errno, KVT_E*). Never NULL. */
 KVT_API const char *kvt_strerror(int code);
 
-/* Log levels of kvt_set_log_handler messages. */
-enum { KVT_LOG_ERROR = 0, KVT_LOG_WARN = 1, KVT_LOG_INFO = 2 };
+/* Log levels, most severe first. KVT_LOG_NONE as a cache's log_level: no messages. */
+enum { KVT_LOG_NONE = -1, KVT_LOG_ERROR = 0, KVT_LOG_WARN = 1, KVT_LOG_INFO = 2 };
 typedef void (*kvt_log_fn)(void *ctx, int level, const char *msg);
-/* Installs the process-wide log handler (NULL: none, the default). It is
- * called on whichever thread notices the event (library threads included:
- * the one documented exception to "no callbacks"), with a one-line message
- * and no kvtier lock held; it must not call back into the cache. Messages:
- * disk I/O fallbacks, a disk tier started fresh, preallocation failures. */
+/* The log hook. A cache's messages go to its config's log_fn when set, else
+ * to the process-wide handler installed here, else to stderr as
+ * "kvtier: warning: ..." lines; the cache's log_level (KVT_LOG_WARN by
+ * default) drops the less severe ones wherever they go.
+ * A handler is called on whichever thread notices the event, kvtier's own
+ * copy workers and disk completion thread included (the one documented
+ * exception to "no callbacks"), with a one-line message, no trailing
+ * newline, and no kvtier lock held; it must return promptly and must not
+ * call into the cache. One line per operator event, never per block:
+ *  - warning: disk I/O backend fallback ("io_uring refused (...)"), io_uring
+ *    fixed buffers refused, host pool pinning refused (pageable memory),
+ *    a disk file of another namespace set aside (both paths named), a
+ *    damaged superblock (tier started empty), a disk that cannot preallocate;
+ *  - error: disk I/O errors, records failing their checksum, device copy
+ *    errors: the first at once, then at most one line per second per kind,
+ *    counting the ones in between (those still held back at kvt_close
+ *    are reported then); read errors while recovering the disk tier;
+ *    preallocation failures;
+ *  - info: a disk tier resized or recovered (blocks found, discarded).
+ * A line is written after the lock that found its event is released, so it
+ * may arrive just after a wait that saw the failure returns. A replaced
+ * handler may still be running on another thread for a moment after this
+ * call returns: keep its ctx alive until kvt_close of every cache (or
+ * process exit).
+ * NULL restores the default. */
 KVT_API void kvt_set_log_handler(kvt_log_fn fn, void *ctx);
 
 /* ------------------------------------------------------------------ */
@@ -221,6 +243,11 @@ typedef struct kvt_config {
   /* Appended after the first version (KVT_CONFIG_SIZE_V1). */
   int disk_durable;          /* 1: a block counts as on disk only once it is on stable
                                 storage (the file is opened O_DSYNC) (0) */
+  /* The log hook (see kvt_set_log_handler). log_fn NULL: the process-wide
+   * handler, else stderr. It may be called from kvtier's threads. */
+  kvt_log_fn log_fn;         /* (NULL) */
+  void *log_ctx;             /* passed to log_fn (NULL) */
+  int log_level;             /* KVT_LOG_* or KVT_LOG_NONE (KVT_LOG_WARN) */
 } kvt_config;
 
 /* Size of each struct's first version: the smallest `size` accepted. */
@@ -699,6 +726,32 @@ KVT_API int kvt_storage_collect(kvt_cache *c, kvt_job *jobs, int *status, size_t
 /* Every storage job is released once; releasing one in flight detaches it
  * (it completes on its own and is then freed, never collected). */
 KVT_API int kvt_storage_release(kvt_cache *c, kvt_job job);
+
+/* ------------------------------------------------------------------ */
+/* Metrics for an operator                                             */
+/* ------------------------------------------------------------------ */
+
+enum { KVT_METRICS_PROMETHEUS = 0, KVT_METRICS_JSON = 1 };
+
+/* Writes the cache's metrics as text into buf: KVT_METRICS_PROMETHEUS is
+ * the Prometheus text exposition format (version 0.0.4: # HELP and # TYPE
+ * lines, then samples), KVT_METRICS_JSON one JSON object with the same
+ * figures (docs/metrics.md lists every name). Names start with "kvtier_";
+ * per-tier figures carry a tier label (device, host, disk), transfers src
+ * and dst labels. There is no server in the library: serve the text from
+ * the engine's own /metrics endpoint.
+ * On entry *len is buf's size in bytes; on return it is the text's length
+ * without its terminating NUL, whether or not it fit. Returns 0 when the
+ * text and its NUL fit, -ENOBUFS when they did not (buf then holds a
+ * truncated, NUL-terminated prefix when *len was at least 1; call again
+ * with a buffer of at least the returned *len + 1 bytes, plus headroom:
+ * counters grow between calls). buf may be NULL when *len is 0 (a size
+ * query). Takes the metadata lock briefly; does not allocate; valid
+ * before kvt_register_layout (capacities 0). Returns -EINVAL for a NULL
+ * cache or len, an unknown format, or buf NULL with *len > 0. Counters are
+ * monotonic for the cache's lifetime; figures exact once transfers are
+ * drained (a restore counts as a hit when it landed). */
+KVT_API int kvt_metrics_write(kvt_cache *c, int format, char *buf, size_t *len);
 
 /* Tier-map memory per block of capacity (device + host + disk slots),
  * allocated at registration: an 80-byte entry, 16 to 32 bytes of index

@@ -47,6 +47,9 @@ typedef struct kvt_config {
   uint32_t max_jobs;
   uint32_t max_job_blocks;
   int disk_durable;
+  kvt_log_fn log_fn;
+  void *log_ctx;
+  int log_level;
 } kvt_config;
 void kvt_config_init(kvt_config *cfg);
 
@@ -236,6 +239,8 @@ int kvt_storage_wait(kvt_cache *c, kvt_job job, int64_t timeout_ns);
 int kvt_storage_results(kvt_cache *c, kvt_job job, int32_t *results, size_t n, uint32_t *n_ok);
 int kvt_storage_collect(kvt_cache *c, kvt_job *jobs, int *status, size_t max, size_t *n);
 int kvt_storage_release(kvt_cache *c, kvt_job job);
+
+int kvt_metrics_write(kvt_cache *c, int format, char *buf, size_t *len);
 """
 
 # Error codes of KVT_ERROR_MAP (never renumbered or reused).

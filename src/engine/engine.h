@@ -12,10 +12,12 @@
 #include "core/calib.h"
 #include "core/index.h"
 #include "dev/dev.h"
+#include "engine/metrics.h"
 #include "kvtier/backend.h"
 #include "store/disk_store.h"
 #include "store/host_pool.h"
 #include "util/fork.h"
+#include "util/log.h"
 
 enum { KVT__T_DEV = 0, KVT__T_HOST = 1, KVT__T_DISK = 2 };
 
@@ -126,6 +128,8 @@ struct kvt_cache {
   int have_cost;
 
   kvt_stats st;
+  kvt__metrics metrics; /* engine/metrics.h: atomics, no lock */
+  kvt__log_sink log;    /* where this cache's messages go (from the config) */
   uint32_t fork_gen;   /* kvt__fork_gen() at open: another value means a forked child */
   char detail[256];    /* kvt_error_detail: why kvt_register_layout failed */
 };
