@@ -86,7 +86,7 @@ typedef struct kvt__disk_cfg {
   size_t detail_len;
   uint32_t checksum_threads; /* threads that seal writes and verify reads of
                                 records of 256 KiB and more (else none), at
-                                most 8; 0: one per two online CPUs, 1 to 4 */
+                                most 8; 0: one per two online CPUs, 2 to 4 */
 } kvt__disk_cfg;
 
 /* Opens (creating or extending) the file, checks its superblock, starts the
