@@ -891,6 +891,29 @@ static void test_hashed_records_get_headroom(void **state) {
   free(w);
 }
 
+/* By default big records get two to four checksum threads (two on a
+ * small machine: one thread's share of busy CPUs capped fetches). */
+static void test_default_checksum_threads(void **state) {
+  fx *f = *state;
+  reopen_big(f, 1, 0);
+  kvt__disk_close(f->d);
+  kvt__disk_cfg c = cfg_of(f, NS1);
+  c.checksum_threads = 0;
+  assert_int_equal(kvt__disk_open(&c, &f->d), 0);
+  kvt__disk_info in;
+  kvt__disk_get_info(f->d, &in);
+  assert_in_range(in.checksum_threads, 2, 4);
+  assert_int_equal(write_sync(f, 0, 77), 0);
+  waiter *w = waiter_new();
+  kvt_key k = key_of(77);
+  memset(host(f, 1), 0, f->rec_bytes);
+  assert_int_equal(read_async(f, w, 0, 1, &k), 0);
+  waiter_wait(w);
+  assert_int_equal(w->status[1], 0);
+  assert_true(rec_ok(host(f, 1), 77));
+  free(w);
+}
+
 /* Small records are hashed in place and hold no op while hashed: no headroom. */
 static void test_small_records_get_no_headroom(void **state) {
   fx *f = *state;
@@ -919,7 +942,7 @@ static int run_suite(const char *name) {
       CASE(test_reaper_runs_while_checksums_are_held), CASE(test_newest_call_wins_with_parallel_sealing),
       CASE(test_submit_fault_of_a_sealed_write_reaches_done), CASE(test_flipped_byte_of_a_big_record),
       CASE(test_try_batch_never_waits), CASE(test_hashed_records_get_headroom),
-      CASE(test_small_records_get_no_headroom),
+      CASE(test_small_records_get_no_headroom), CASE(test_default_checksum_threads),
   };
   return _cmocka_run_group_tests(name, tests, sizeof tests / sizeof tests[0], NULL, NULL);
 }
