@@ -891,6 +891,47 @@ static void test_hashed_records_get_headroom(void **state) {
   free(w);
 }
 
+/* With the headroom's reads all in flight, an I/O error on one of them
+ * fails that block alone; the others are verified and returned. */
+static void test_eio_on_one_read_of_a_full_hashed_queue(void **state) {
+  fx *f = *state;
+  enum { OPS = 12 }; /* queue_depth 8 + 4 */
+  reopen_big(f, 2, 0);
+  for (uint32_t i = 0; i < OPS; i++) assert_int_equal(write_sync(f, i, 600 + i), 0);
+  fault_plan p = {KVT_FAULT_IO_COMPLETE, -EIO, 1};
+  waiter *w = waiter_new();
+  kvt__disk_io io[OPS];
+  kvt_key keys[OPS];
+  memset(f->pool, 0, f->rec_bytes * OPS);
+  for (uint32_t i = 0; i < OPS; i++) {
+    keys[i] = key_of(600 + i);
+    g_ws[i] = (wslot){w, (int)i};
+    io[i] = (kvt__disk_io){.slot = i, .rec = host(f, i), .expected_key = &keys[i], .arg = &g_ws[i]};
+  }
+  pthread_mutex_lock(&w->m);
+  w->pending = OPS;
+  pthread_mutex_unlock(&w->m);
+  kvt__fault_set(fault_hook, &p);
+  assert_int_equal(kvt__disk_read_batch(f->d, io, OPS, on_done), OPS);
+  waiter_wait(w);
+  kvt__fault_set(NULL, NULL);
+  int n_failed = 0;
+  for (uint32_t i = 0; i < OPS; i++) {
+    if (w->status[i]) {
+      assert_int_equal(w->status[i], -EIO);
+      n_failed++;
+    } else {
+      assert_true(rec_ok(host(f, i), 600 + i));
+    }
+  }
+  assert_int_equal(n_failed, 1);
+  kvt__disk_stats st;
+  kvt__disk_get_stats(f->d, &st);
+  assert_int_equal(st.io_errors, 1);
+  assert_int_equal(st.reads, OPS - 1);
+  free(w);
+}
+
 /* By default big records get two to four checksum threads (two on a
  * small machine: one thread's share of busy CPUs capped fetches). */
 static void test_default_checksum_threads(void **state) {
@@ -943,6 +984,7 @@ static int run_suite(const char *name) {
       CASE(test_submit_fault_of_a_sealed_write_reaches_done), CASE(test_flipped_byte_of_a_big_record),
       CASE(test_try_batch_never_waits), CASE(test_hashed_records_get_headroom),
       CASE(test_small_records_get_no_headroom), CASE(test_default_checksum_threads),
+      CASE(test_eio_on_one_read_of_a_full_hashed_queue),
   };
   return _cmocka_run_group_tests(name, tests, sizeof tests / sizeof tests[0], NULL, NULL);
 }
