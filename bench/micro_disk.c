@@ -261,6 +261,7 @@ typedef struct store_loop {
   pthread_cond_t c;
   uint32_t free_idx[POOL_RECS], n_free;
   uint64_t done, errors;
+  int first_error;
 } store_loop;
 
 typedef struct loop_arg {
@@ -274,7 +275,7 @@ static void loop_done(void *arg, int status) {
   pthread_mutex_lock(&a->l->m);
   a->l->free_idx[a->l->n_free++] = a->idx;
   a->l->done++;
-  a->l->errors += status != 0;
+  if (status && !a->l->errors++) a->l->first_error = status;
   pthread_cond_signal(&a->l->c);
   pthread_mutex_unlock(&a->l->m);
 }
@@ -301,12 +302,18 @@ static uint64_t loop_seen(store_loop *l) {
   return d;
 }
 
+/* A round the store could not finish counts 0, and says why. */
+static measure store_failed(int write, int status) {
+  fprintf(stderr, "micro disk: a store %s failed: %s\n", write ? "write" : "read", kvt_strerror(status));
+  return (measure){0, 0};
+}
+
 /* Keeps the store as full as it lets itself be for r->seconds (or `count`
  * ops), as a restore does: submit what fits (the try batches), resume when
  * done() hands buffers back. The store takes QD I/Os, plus its headroom for
  * records hashed on its checksum threads (kvt__disk_info.ops <= POOL_RECS). */
 static measure store_loop_run(run *r, int write, uint64_t count) {
-  store_loop l = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, {0}, POOL_RECS, 0, 0};
+  store_loop l = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, {0}, POOL_RECS, 0, 0, 0};
   loop_arg args[POOL_RECS];
   kvt__disk_io io[POOL_RECS];
   uint32_t idx[POOL_RECS], back[POOL_RECS], n_back = 0;
@@ -326,18 +333,19 @@ static measure store_loop_run(run *r, int write, uint64_t count) {
                              .arg = &args[idx[k]]};
     seen = loop_seen(&l);
     int q = write ? kvt__disk_try_write_batch(r->d, io, n, loop_done) : kvt__disk_try_read_batch(r->d, io, n, loop_done);
-    if (q < 0) return (measure){0, 0};
-    for (uint32_t k = (uint32_t)q; k < n; k++) {
-      if (io[k].status != KVT_EAGAIN) return (measure){0, 0};
+    for (uint32_t k = 0; k < n; k++) {
+      if (io[k].status == 0) continue;
+      if (io[k].status != KVT_EAGAIN) return store_failed(write, io[k].status);
       back[n_back++] = idx[k];
     }
+    if (q < 0) return store_failed(write, q);
     next += (uint32_t)q;
   }
   pthread_mutex_lock(&l.m);
   for (uint32_t i = 0; i < n_back; i++) l.free_idx[l.n_free++] = back[i];
   while (l.n_free < POOL_RECS) pthread_cond_wait(&l.c, &l.m);
   pthread_mutex_unlock(&l.m);
-  if (l.errors) return (measure){0, 0};
+  if (l.errors) return store_failed(write, l.first_error);
   return finish(t0, c0, l.done * r->rec);
 }
 
