@@ -16,7 +16,8 @@
  * (target 1.0). The store is kept as full as it lets itself be, as a
  * restore keeps it (try batches, resumed on done()): QD I/Os plus its
  * headroom for records being hashed. Rounds alternate the ways and the
- * store so drift hits all; each way and the store count by their median
+ * store, each round in a rotated order, so drift and the place in a round
+ * hit all alike; each way and the store count by their median
  * round (a shared disk swings single rounds by several times). CPU time
  * per GB comes from getrusage (all threads, io-wq workers included).
  * Figures per way, worst and best rounds and CPU are in the row's JSON
@@ -408,9 +409,14 @@ static measure way_run(run *r, int way, int write) {
   return way == W_FPB ? fpb_loop(r, write) : raw_loop(r, &cfg[way], write);
 }
 
+/* Each round starts at another place in the order: a disk that slows down
+ * after some gigabytes of writes (a host's write cache filling) would
+ * otherwise always charge the same ways. */
 static void one_round(run *r, side *s, int write) {
-  for (int w = 0; w < N_WAYS; w++) s->samp[w][s->rounds] = way_run(r, w, write);
-  s->samp[N_WAYS][s->rounds] = store_loop_run(r, write, 0);
+  for (int i = 0; i <= N_WAYS; i++) {
+    int w = (i + s->rounds * 3) % (N_WAYS + 1);
+    s->samp[w][s->rounds] = w == N_WAYS ? store_loop_run(r, write, 0) : way_run(r, w, write);
+  }
   s->rounds++;
 }
 
