@@ -623,7 +623,13 @@ void kvt__disk_close(kvt__disk *d) {
   pthread_mutex_unlock(&d->lock);
   stop_threads(d);
   kvt__io_close(&d->io);
-  if (d->fd >= 0) close(d->fd);
+  /* Unlock before close: a ring torn down by the kernel in the background
+   * may hold the file a while longer, and with it an flock that the next
+   * opener would wait for. Nothing is in flight by now. */
+  if (d->fd >= 0) {
+    flock(d->fd, LOCK_UN);
+    close(d->fd);
+  }
   pthread_mutex_destroy(&d->lock);
   pthread_cond_destroy(&d->cond);
   pthread_mutex_destroy(&d->hq_lock);
