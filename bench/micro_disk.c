@@ -21,7 +21,8 @@
  * round (a shared disk swings single rounds by several times). CPU time
  * per GB comes from getrusage (all threads, io-wq workers included).
  * Figures per way, worst and best rounds and CPU are in the row's JSON
- * detail. */
+ * detail. A last row puts durable mode's spill (the file opened O_DSYNC)
+ * against a normal spill of the same records. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -476,7 +477,7 @@ static void shortfall(char *note, size_t n, const run *r, const side *s, int w) 
   else if (s->store_hi.gbs >= lim)
     snprintf(note, n, "within the disk's spread: store %.2f-%.2f", s->store_lo.gbs, s->store_hi.gbs);
   else if (sum < 0.95 * lim)
-    snprintf(note, n, "checksums cost disk speed here: u32+sum %.2f", sum);
+    snprintf(note, n, "checksums need CPU time that the busy CPUs lack here: u32+sum %.2f", sum);
   else if (r->rec < (256u << 10))
     snprintf(note, n, "a round trip per small record (%s %.2f)", way_name[w], lim);
   else snprintf(note, n, "store overhead (%s %.2f); see --json", way_name[w], lim);
