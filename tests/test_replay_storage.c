@@ -50,7 +50,8 @@ static kvt_bench_replay_result run(const kvt_bench_trace *t, int storage, uint64
   o.disk_path = disk ? path : NULL; /* owner mode with no disk: NULL is fine */
   kvt_bench_replay_result r;
   char err[256] = "";
-  if (kvt_bench_replay_run(t, &o, &r, err, sizeof err) != 0) fail_msg("replay (%s mode): %s", storage ? "storage" : "owner", err);
+  if (kvt_bench_replay_run(t, &o, &r, err, sizeof err) != 0)
+    fail_msg("replay (%s mode): %s", storage ? "storage" : "owner", err);
   if (disk) unlink(path);
   /* Every restored block came back byte-exact, in both modes. */
   assert_int_equal(r.payload_corrupt, 0);
