@@ -3,9 +3,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <ftw.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <time.h>
 #include <unistd.h>
 
 void kvt_test_skip(const char *fmt, ...) {
@@ -101,4 +104,12 @@ int kvt_test_check(const void *buf, size_t len, uint64_t seed) {
     if (memcmp(p + i, &v, len - i) != 0) return 0;
   }
   return 1;
+}
+
+void kvt_test_wait_unlocked(const char *path) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return; /* no file: nothing holds it */
+  for (int i = 0; i < 6000 && flock(fd, LOCK_EX | LOCK_NB) != 0; i++)
+    nanosleep(&(struct timespec){0, 10000000}, NULL);
+  close(fd); /* our lock, if we got it, goes with the descriptor */
 }

@@ -16,6 +16,11 @@ void kvt_test_skip(const char *fmt, ...) __attribute__((noreturn, format(printf,
 const char *kvt_test_trace(const char *name);
 /* A fresh temporary directory for this test (removed by the caller if it likes). */
 const char *kvt_test_tmpdir(void);
+/* Waits (up to a minute) until no one holds path's lock. The kernel tears
+ * a killed process's io_uring down in the background and the ring keeps
+ * the file, and its lock, until then; kvtier's open waits about a second
+ * for that before KVT_ELOCKED, which a loaded machine can exceed. */
+void kvt_test_wait_unlocked(const char *path);
 /* Deterministic byte pattern for block b of conversation c. */
 void kvt_test_fill(void *buf, size_t len, uint64_t seed);
 int kvt_test_check(const void *buf, size_t len, uint64_t seed);

@@ -115,6 +115,7 @@ typedef struct totals {
 static uint64_t verify(uint32_t first, uint32_t end, const uint32_t *durable, totals *tot) {
   fixture f;
   kvt_config cfg = crash_config(8, 0);
+  kvt_test_wait_unlocked(path);
   fixture_open_cfg(&f, &cfg, 8);
   kvt_stats st = {.size = sizeof st};
   assert_int_equal(kvt_get_stats(f.c, &st), 0);

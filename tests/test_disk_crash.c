@@ -175,6 +175,7 @@ static void one_iteration(kvt_disk_backend be, unsigned *seed, int iter) {
 
   kvt__disk *d;
   kvt__disk_cfg c = cfg_for(be, 0);
+  kvt_test_wait_unlocked(g_path);
   assert_int_equal(kvt__disk_open(&c, &d), 0);
   recovered r = {.base = base};
   uint64_t discarded = 0;
