@@ -26,6 +26,11 @@ TORCH_CUDA_LIBS="nvidia-cusparselt-cu13==0.8.1 nvidia-nccl-cu13==2.30.7 nvidia-n
 # name them (no GPU is needed to import torch; about 3 GB more to download).
 TORCH_CUDA_TOOLKIT_LIBS="cuda-toolkit[cublas,cudart,cufft,cufile,cupti,curand,cusolver,cusparse,nvjitlink,nvrtc,nvtx]==13.0.3 nvidia-cudnn-cu13==9.24.0.43"
 VLLM_DEPS="packaging msgspec"
+# What the tiering spec and manager (vllm.v1.kv_offload.tiering.spec, the
+# classes the vLLM adapter's tests drive) import beyond that, found by
+# importing them until nothing was missing; --no-deps, as their own
+# dependencies would pull a whole serving stack (and another vLLM) in.
+VLLM_TIERING_DEPS="cbor2==6.3.0 cloudpickle==3.1.3 uvloop==0.23.0 llguidance==1.9.1 xgrammar==0.2.9 apache-tvm-ffi==0.1.15.post2"
 # What `import sglang.srt.mem_cache.hicache_storage` needs (found by importing
 # it until nothing was missing); torch 2.14.0 wants triton 3.8.
 SGLANG_DEPS="orjson psutil pybase64 requests triton~=3.8.0 pillow starlette pydantic pyzmq tqdm ipython aiohttp"
@@ -40,7 +45,7 @@ done
 torch_libs=$TORCH_CUDA_LIBS
 [[ -n $cuda_lib ]] || torch_libs="$TORCH_CUDA_LIBS $TORCH_CUDA_TOOLKIT_LIBS"
 
-pins="torch=$TORCH vllm=$VLLM sglang=$SGLANG lmcache=$LMCACHE deps=$TORCH_DEPS|$torch_libs|$VLLM_DEPS|$SGLANG_DEPS|$LMCACHE_DEPS|$TEST_DEPS py=$(python3 -c 'import sys; print(sys.version_info[:2])')"
+pins="torch=$TORCH vllm=$VLLM sglang=$SGLANG lmcache=$LMCACHE deps=$TORCH_DEPS|$torch_libs|$VLLM_DEPS|$VLLM_TIERING_DEPS|$SGLANG_DEPS|$LMCACHE_DEPS|$TEST_DEPS py=$(python3 -c 'import sys; print(sys.version_info[:2])')"
 tag=$(printf '%s' "$pins" | sha256sum | cut -c1-12)
 root=${KVT_PY_CACHE:-$HOME/.cache/kvtier-py}
 venv=$root/engines-$tag
@@ -73,6 +78,8 @@ if [[ ! -f $venv/.complete ]]; then
   # shellcheck disable=SC2086
   timed vllm-deps "${pip[@]}" $VLLM_DEPS
   # shellcheck disable=SC2086
+  timed vllm-tiering "${pip[@]}" --no-deps $VLLM_TIERING_DEPS
+  # shellcheck disable=SC2086
   timed sglang "${pip[@]}" --no-deps sglang==$SGLANG
   # shellcheck disable=SC2086
   timed sglang-deps "${pip[@]}" $SGLANG_DEPS
@@ -82,7 +89,7 @@ if [[ ! -f $venv/.complete ]]; then
   timed lmcache-deps "${pip[@]}" $LMCACHE_DEPS
   # The modules the adapters build on must import.
   LD_LIBRARY_PATH=${cuda_lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} "$venv/bin/python" -c '
-import torch, vllm.v1.kv_offload.tiering.base, sglang.srt.mem_cache.hicache_storage
+import torch, vllm.v1.kv_offload.tiering.base, vllm.v1.kv_offload.tiering.spec, sglang.srt.mem_cache.hicache_storage
 import lmcache.v1.storage_backend.connector.base_connector' >"$venv/import-check.log" 2>&1 || {
     cat "$venv/import-check.log" >&2
     echo "kvtier: the engines installed in $venv do not import" >&2; exit 1; }
