@@ -34,6 +34,10 @@ VLLM_TIERING_DEPS="cbor2==6.3.0 cloudpickle==3.1.3 uvloop==0.23.0 llguidance==1.
 # What `import sglang.srt.mem_cache.hicache_storage` needs (found by importing
 # it until nothing was missing); torch 2.14.0 wants triton 3.8.
 SGLANG_DEPS="orjson psutil pybase64 requests triton~=3.8.0 pillow starlette pydantic pyzmq tqdm ipython aiohttp"
+# What the host KV pool the SGLang adapter's tests build imports
+# (sglang.srt.mem_cache.pool_host.mha and the cache controller), found the
+# same way; --no-deps for the same reason as vLLM's.
+SGLANG_POOL_DEPS="torchvision==0.29.0 dill==0.4.1 sentencepiece==0.2.3 compressed-tensors==0.20.1 loguru==0.7.3 gguf==0.19.0"
 # What `import lmcache.v1.storage_backend.connector.base_connector` needs.
 LMCACHE_DEPS="numba pyyaml cachetools sortedcontainers prometheus_client py-cpuinfo aiofile transformers cryptography"
 TEST_DEPS="pytest cffi"
@@ -45,7 +49,7 @@ done
 torch_libs=$TORCH_CUDA_LIBS
 [[ -n $cuda_lib ]] || torch_libs="$TORCH_CUDA_LIBS $TORCH_CUDA_TOOLKIT_LIBS"
 
-pins="torch=$TORCH vllm=$VLLM sglang=$SGLANG lmcache=$LMCACHE deps=$TORCH_DEPS|$torch_libs|$VLLM_DEPS|$VLLM_TIERING_DEPS|$SGLANG_DEPS|$LMCACHE_DEPS|$TEST_DEPS py=$(python3 -c 'import sys; print(sys.version_info[:2])')"
+pins="torch=$TORCH vllm=$VLLM sglang=$SGLANG lmcache=$LMCACHE deps=$TORCH_DEPS|$torch_libs|$VLLM_DEPS|$VLLM_TIERING_DEPS|$SGLANG_DEPS|$SGLANG_POOL_DEPS|$LMCACHE_DEPS|$TEST_DEPS py=$(python3 -c 'import sys; print(sys.version_info[:2])')"
 tag=$(printf '%s' "$pins" | sha256sum | cut -c1-12)
 root=${KVT_PY_CACHE:-$HOME/.cache/kvtier-py}
 venv=$root/engines-$tag
@@ -84,12 +88,15 @@ if [[ ! -f $venv/.complete ]]; then
   # shellcheck disable=SC2086
   timed sglang-deps "${pip[@]}" $SGLANG_DEPS
   # shellcheck disable=SC2086
+  timed sglang-pool "${pip[@]}" --no-deps $SGLANG_POOL_DEPS
+  # shellcheck disable=SC2086
   timed lmcache "${pip[@]}" --no-deps lmcache==$LMCACHE
   # shellcheck disable=SC2086
   timed lmcache-deps "${pip[@]}" $LMCACHE_DEPS
   # The modules the adapters build on must import.
   LD_LIBRARY_PATH=${cuda_lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} "$venv/bin/python" -c '
 import torch, vllm.v1.kv_offload.tiering.base, vllm.v1.kv_offload.tiering.spec, sglang.srt.mem_cache.hicache_storage
+import sglang.srt.mem_cache.pool_host.mha, sglang.srt.managers.cache_controller
 import lmcache.v1.storage_backend.connector.base_connector' >"$venv/import-check.log" 2>&1 || {
     cat "$venv/import-check.log" >&2
     echo "kvtier: the engines installed in $venv do not import" >&2; exit 1; }
