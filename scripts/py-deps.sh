@@ -26,9 +26,18 @@ TORCH_CUDA_LIBS="nvidia-cusparselt-cu13==0.8.1 nvidia-nccl-cu13==2.30.7 nvidia-n
 # name them (no GPU is needed to import torch; about 3 GB more to download).
 TORCH_CUDA_TOOLKIT_LIBS="cuda-toolkit[cublas,cudart,cufft,cufile,cupti,curand,cusolver,cusparse,nvjitlink,nvrtc,nvtx]==13.0.3 nvidia-cudnn-cu13==9.24.0.43"
 VLLM_DEPS="packaging msgspec"
+# What the tiering spec and manager (vllm.v1.kv_offload.tiering.spec, the
+# classes the vLLM adapter's tests drive) import beyond that, found by
+# importing them until nothing was missing; --no-deps, as their own
+# dependencies would pull a whole serving stack (and another vLLM) in.
+VLLM_TIERING_DEPS="cbor2==6.3.0 cloudpickle==3.1.3 uvloop==0.23.0 llguidance==1.9.1 xgrammar==0.2.9 apache-tvm-ffi==0.1.15.post2"
 # What `import sglang.srt.mem_cache.hicache_storage` needs (found by importing
 # it until nothing was missing); torch 2.14.0 wants triton 3.8.
 SGLANG_DEPS="orjson psutil pybase64 requests triton~=3.8.0 pillow starlette pydantic pyzmq tqdm ipython aiohttp"
+# What the host KV pool the SGLang adapter's tests build imports
+# (sglang.srt.mem_cache.pool_host.mha and the cache controller), found the
+# same way; --no-deps for the same reason as vLLM's.
+SGLANG_POOL_DEPS="torchvision==0.29.0 dill==0.4.1 sentencepiece==0.2.3 compressed-tensors==0.20.1 loguru==0.7.3 gguf==0.19.0"
 # What `import lmcache.v1.storage_backend.connector.base_connector` needs.
 LMCACHE_DEPS="numba pyyaml cachetools sortedcontainers prometheus_client py-cpuinfo aiofile transformers cryptography"
 TEST_DEPS="pytest cffi"
@@ -40,7 +49,7 @@ done
 torch_libs=$TORCH_CUDA_LIBS
 [[ -n $cuda_lib ]] || torch_libs="$TORCH_CUDA_LIBS $TORCH_CUDA_TOOLKIT_LIBS"
 
-pins="torch=$TORCH vllm=$VLLM sglang=$SGLANG lmcache=$LMCACHE deps=$TORCH_DEPS|$torch_libs|$VLLM_DEPS|$SGLANG_DEPS|$LMCACHE_DEPS|$TEST_DEPS py=$(python3 -c 'import sys; print(sys.version_info[:2])')"
+pins="torch=$TORCH vllm=$VLLM sglang=$SGLANG lmcache=$LMCACHE deps=$TORCH_DEPS|$torch_libs|$VLLM_DEPS|$VLLM_TIERING_DEPS|$SGLANG_DEPS|$SGLANG_POOL_DEPS|$LMCACHE_DEPS|$TEST_DEPS py=$(python3 -c 'import sys; print(sys.version_info[:2])')"
 tag=$(printf '%s' "$pins" | sha256sum | cut -c1-12)
 root=${KVT_PY_CACHE:-$HOME/.cache/kvtier-py}
 venv=$root/engines-$tag
@@ -73,16 +82,21 @@ if [[ ! -f $venv/.complete ]]; then
   # shellcheck disable=SC2086
   timed vllm-deps "${pip[@]}" $VLLM_DEPS
   # shellcheck disable=SC2086
+  timed vllm-tiering "${pip[@]}" --no-deps $VLLM_TIERING_DEPS
+  # shellcheck disable=SC2086
   timed sglang "${pip[@]}" --no-deps sglang==$SGLANG
   # shellcheck disable=SC2086
   timed sglang-deps "${pip[@]}" $SGLANG_DEPS
+  # shellcheck disable=SC2086
+  timed sglang-pool "${pip[@]}" --no-deps $SGLANG_POOL_DEPS
   # shellcheck disable=SC2086
   timed lmcache "${pip[@]}" --no-deps lmcache==$LMCACHE
   # shellcheck disable=SC2086
   timed lmcache-deps "${pip[@]}" $LMCACHE_DEPS
   # The modules the adapters build on must import.
   LD_LIBRARY_PATH=${cuda_lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} "$venv/bin/python" -c '
-import torch, vllm.v1.kv_offload.tiering.base, sglang.srt.mem_cache.hicache_storage
+import torch, vllm.v1.kv_offload.tiering.base, vllm.v1.kv_offload.tiering.spec, sglang.srt.mem_cache.hicache_storage
+import sglang.srt.mem_cache.pool_host.mha, sglang.srt.managers.cache_controller
 import lmcache.v1.storage_backend.connector.base_connector' >"$venv/import-check.log" 2>&1 || {
     cat "$venv/import-check.log" >&2
     echo "kvtier: the engines installed in $venv do not import" >&2; exit 1; }

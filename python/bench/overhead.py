@@ -9,6 +9,10 @@ Operations (16 blocks of 1 KiB, host backend, one copy thread):
   acquire  kvt_acquire + kvt_commit + kvt_release of 16 device hits
   store    kvt_store(EVICT) + kvt_job_wait + kvt_job_release, then
            kvt_acquire + kvt_request_wait + kvt_commit + kvt_release back from host
+Storage mode (16 blocks of 1 KiB of the engine's memory, opaque keys, one piece each):
+  exists   kvt_exists of 16 keys, all stored in the host tier
+  get      kvt_get_into + kvt_storage_wait + kvt_storage_results + kvt_storage_release
+  put      kvt_remove of the 16 keys, then kvt_put_from + wait + results + release
 """
 
 import argparse
@@ -60,9 +64,46 @@ def python_side(iters, rounds):
             r.release()
 
         op_acquire()
-        return {"lookup": best_us(op_lookup, iters, rounds),
-                "acquire": best_us(op_acquire, iters, rounds),
-                "store": best_us(op_store, iters // 10 + 1, rounds)}
+        out = {"lookup": best_us(op_lookup, iters, rounds),
+               "acquire": best_us(op_acquire, iters, rounds),
+               "store": best_us(op_store, iters // 10 + 1, rounds)}
+    out.update(storage_side(iters, rounds))
+    return out
+
+
+def storage_side(iters, rounds):
+    block = LAYERS * SEGS * SEG_BYTES
+    src = (np.arange(N * block, dtype=np.uint64) % 251).astype(np.uint8).reshape(N, block)
+    dst = np.zeros_like(src)
+    with kvtier.Cache(model_fingerprint="overhead-bench-storage", device=kvtier.Device.HOST, copy_threads=1,
+                      host_blocks=64, block_tokens=BT) as c:
+        c.register_storage(block)
+        keys = c.keys_from_opaque([bytes([i + 1]) * 32 for i in range(N)])
+        put_pieces = kvtier.pieces(block, addresses=src.ctypes.data + np.arange(N) * block)
+        get_pieces = kvtier.pieces(block, addresses=dst.ctypes.data + np.arange(N) * block)
+
+        def run(job):
+            job.wait()
+            job.results()
+            job.release()
+
+        def op_exists():
+            c.exists(keys, opaque=True)
+
+        def op_get():
+            run(c.get_into(keys, get_pieces, opaque=True))
+
+        def op_put():
+            c.remove(keys)
+            run(c.put_from(keys, put_pieces, opaque=True))
+
+        run(c.put_from(keys, put_pieces, opaque=True))
+        out = {"exists": best_us(op_exists, iters, rounds),
+               "get": best_us(op_get, iters // 10 + 1, rounds),
+               "put": best_us(op_put, iters // 10 + 1, rounds)}
+        if not np.array_equal(src, dst):
+            raise SystemExit("storage get: the bytes differ")
+        return out
 
 
 def c_side(iters, rounds):
@@ -84,10 +125,10 @@ def main():
     a = ap.parse_args()
     py = python_side(a.iters, a.rounds)
     c = c_side(a.iters, a.rounds)
-    print("kvtier %s, %d blocks per call, best of %d rounds (store: %d iterations a round)"
+    print("kvtier %s, %d blocks per call, best of %d rounds (store, get, put: %d iterations a round)"
           % (kvtier.version(), N, a.rounds, a.iters // 10 + 1))
     print("%-9s %12s %12s %14s" % ("call", "C us/call", "Python us", "binding us"))
-    for name in ("lookup", "acquire", "store"):
+    for name in ("lookup", "acquire", "store", "exists", "get", "put"):
         print("%-9s %12.2f %12.2f %14.2f" % (name, c[name], py[name], py[name] - c[name]))
     return 0
 

@@ -32,7 +32,8 @@ __all__ = [
     "model_preset_names", "cost_plan", "cost_breakeven", "cost_recompute_flops",
     "cost_compute_s", "cost_transfer_s", "keys_to_bytes",
     "LIBRARY_PATH", "LogLevel", "OK", "INPROGRESS", "STORE_EVICT", "ACQUIRE_NOWAIT",
-    "LAYOUT_METADATA_ONLY", "MAP_BYTES_PER_BLOCK",
+    "LAYOUT_METADATA_ONLY", "MAP_BYTES_PER_BLOCK", "LAYOUT_STORAGE", "KEYS_OPAQUE", "MEM_HOST", "MEM_DEVICE",
+    "REGION_NONE", "PIECE_DTYPE", "StorageJob", "LookupResult", "pieces",
 ] + list(_ERRORS)
 
 OK = 0
@@ -41,6 +42,11 @@ STORE_EVICT = 0x1
 ACQUIRE_NOWAIT = 0x1
 LAYOUT_METADATA_ONLY = 0x1
 MAP_BYTES_PER_BLOCK = 116
+LAYOUT_STORAGE = 0x2
+KEYS_OPAQUE = 0x1
+MEM_HOST = 0
+MEM_DEVICE = 1
+REGION_NONE = 0
 globals().update(_ERRORS)
 _ERROR_NAMES = {v: "KVT_" + k for k, v in _ERRORS.items()}
 
@@ -473,6 +479,71 @@ def _timeout_ns(timeout):
     return -1 if timeout is None else int(max(0.0, timeout) * 1e9)
 
 
+# One kvt_piece (fixed ABI, like iovec): ptr, region, reserved, offset, len.
+PIECE_DTYPE = np.dtype([("ptr", "<u8"), ("region", "<u4"), ("reserved", "<u4"), ("offset", "<u8"),
+                        ("len", "<u8")])
+
+
+def pieces(lengths, addresses=None, region=REGION_NONE, offsets=None):
+    """A piece table (numpy array of PIECE_DTYPE) for put_from / get_into,
+    built without a Python loop: host addresses (region REGION_NONE), or
+    offsets into a registered region. lengths, addresses and offsets
+    broadcast against each other (one length for every piece is fine)."""
+    if (addresses is None) == (offsets is None):
+        raise ValueError("pieces: give addresses (host memory) or offsets (into a region)")
+    where = np.asarray(addresses if offsets is None else offsets, dtype=np.uint64)
+    lens = np.asarray(lengths, dtype=np.uint64)
+    where, lens = np.broadcast_arrays(where.reshape(-1), lens.reshape(-1))
+    out = np.zeros(where.shape[0], dtype=PIECE_DTYPE)
+    if offsets is None:
+        out["ptr"] = where
+    else:
+        if region == REGION_NONE:
+            raise ValueError("pieces: offsets need a registered region")
+        out["region"] = region
+        out["offset"] = where
+    out["len"] = lens
+    return out
+
+
+def _readable_address(obj):
+    """(address, nbytes, owner) of any buffer (read-only ones too), a torch tensor or a numpy array."""
+    if hasattr(obj, "data_ptr") and hasattr(obj, "element_size"):
+        return _address(obj)
+    if isinstance(obj, np.ndarray):
+        if not obj.flags.c_contiguous:
+            raise ValueError("array must be C-contiguous")
+        return int(obj.ctypes.data), obj.nbytes, obj
+    buf = ffi.from_buffer(obj)
+    return int(ffi.cast("uintptr_t", buf)), len(buf), buf
+
+
+def _as_pieces(spec):
+    """(kvt_piece * cdata, n, owners) of a piece table: an array of PIECE_DTYPE,
+    or a list whose items are a buffer / numpy array / torch tensor (all of
+    its bytes), (address or buffer, len), or (region, offset, len)."""
+    if isinstance(spec, np.ndarray) and spec.dtype == PIECE_DTYPE:
+        arr = np.ascontiguousarray(spec)
+        return ffi.cast("kvt_piece *", arr.ctypes.data), arr.shape[0], [arr]
+    spec = list(spec)
+    arr = np.zeros(len(spec), dtype=PIECE_DTYPE)
+    owners = [arr]
+    for i, item in enumerate(spec):
+        if isinstance(item, tuple) and len(item) == 3:
+            arr[i]["region"], arr[i]["offset"], arr[i]["len"] = item
+            continue
+        if isinstance(item, tuple) and len(item) == 2:
+            base, length = item
+            addr, size, owner = (base, None, None) if isinstance(base, int) else _readable_address(base)
+            if size is not None and length > size:
+                raise ValueError("piece %d: %d bytes asked of a %d-byte buffer" % (i, length, size))
+        else:
+            addr, length, owner = _readable_address(item)
+        arr[i]["ptr"], arr[i]["len"] = addr, length
+        owners.append(owner)
+    return ffi.cast("kvt_piece *", arr.ctypes.data), arr.shape[0], owners
+
+
 Segment = namedtuple("Segment", "base stride bytes")
 Segment.__doc__ = "One segment of one layer: block slot s is `bytes` bytes at base + s * stride."
 LookupResult = namedtuple("LookupResult", "n_blocks n_prefix n_device n_host n_disk tiers")
@@ -604,6 +675,78 @@ class Job:
             self.release()
 
 
+class StorageJob:
+    """A storage-mode transfer (kvt_put_from / kvt_get_into): n_blocks blocks,
+    each with its own result. Keeps the buffers it names alive until released.
+    A context manager: leaving the block releases it (an unfinished job then
+    completes on its own)."""
+
+    def __init__(self, cache, handle, n_blocks, kind, keep):
+        self._cache = cache
+        self.handle = handle
+        self.n_blocks = n_blocks
+        self.kind = kind  # "put" or "get"
+        self._keep = keep
+        self.released = False
+
+    def _status(self, rc, call):
+        if rc in (_ERRORS["ENOJOB"], _ERRORS["ETIMEDOUT"]):
+            raise KvtError(rc, call)
+        return None if rc == 1 else rc
+
+    def poll(self):
+        """None while in flight; then 0 (every block landed or was skipped) or
+        the first block's error code (negative). Never blocks."""
+        return self._status(lib.kvt_storage_poll(self._cache._ptr(), self.handle), "kvt_storage_poll")
+
+    def done(self):
+        return self.poll() is not None
+
+    def wait(self, timeout=None):
+        """Waits (seconds, None = forever; the GIL is released) and returns the
+        status as poll does; raises KvtError ETIMEDOUT when the time passes first."""
+        return self._status(lib.kvt_storage_wait(self._cache._ptr(), self.handle, _timeout_ns(timeout)),
+                            "kvt_storage_wait")
+
+    def results(self):
+        """(results, n_ok) once finished, None while in flight: results is an
+        int32 array, one per block (0 landed, 1 skipped / not loaded, negative:
+        that block's error); n_ok the leading run of 0s (for a get, the prefix
+        now valid in the engine's memory)."""
+        res = np.empty(max(self.n_blocks, 1), dtype=np.int32)
+        n_ok = ffi.new("uint32_t *")
+        rc = _check(lib.kvt_storage_results(self._cache._ptr(), self.handle,
+                                            ffi.cast("int32_t *", res.ctypes.data), self.n_blocks, n_ok),
+                    "kvt_storage_results")
+        return None if rc == 1 else (res[: self.n_blocks], n_ok[0])
+
+    def release(self):
+        """Frees the handle (detaches it while in flight). Idempotent."""
+        if self.released:
+            return
+        self.released = True
+        self._cache._storage_jobs.pop(self.handle, None)
+        if self._cache.closed:  # close waited for every transfer
+            self._keep = None
+            return
+        c = self._cache._ptr()
+        if lib.kvt_storage_poll(c, self.handle) == 1:
+            # A detached job still touches its buffers: the cache keeps them until it closes.
+            self._cache._keep.append(self._keep)
+        self._keep = None
+        _check(lib.kvt_storage_release(c, self.handle), "kvt_storage_release")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def __repr__(self):
+        return "StorageJob(%s, handle=%d, n_blocks=%d%s)" % (self.kind, self.handle, self.n_blocks,
+                                                             ", released" if self.released else "")
+
+
 # --------------------------------------------------------------------------
 # The cache
 # --------------------------------------------------------------------------
@@ -626,6 +769,8 @@ class Cache:
         self.config = config
         self.block_tokens = config.block_tokens
         self._keep = []
+        self._storage_jobs = {}  # handle -> StorageJob, until released
+        self._regions = {}  # region -> the buffer it names
         out = ffi.new("kvt_cache **")
         _check(lib.kvt_open(config._c, out), "kvt_open")
         self._c = out[0]
@@ -651,6 +796,10 @@ class Cache:
         c, self._c = self._c, None
         if c is not None:
             lib.kvt_close(c)
+        for job in list(self._storage_jobs.values()):
+            job.released, job._keep = True, None
+        self._storage_jobs = {}
+        self._regions = {}
         self._keep = []
 
     def __enter__(self):
@@ -901,3 +1050,133 @@ class Cache:
             if rc != -_errno.ENOBUFS:
                 _check(rc, "kvt_metrics_write")
                 return ffi.string(buf, size[0]).decode()
+
+    # Storage mode ------------------------------------------------------
+
+    def register_storage(self, segment_bytes, num_layers=1, segments_per_layer=1):
+        """Registers a storage-mode layout (KVT_LAYOUT_STORAGE): the engine
+        owns its memory and kvtier is the tiers below it. segment_bytes: one
+        int for every segment, or num_layers * segments_per_layer of them
+        (layer-major); their sum is one block's bytes. They enter the
+        namespace, so two geometries never share records. May block (opens
+        and recovers the disk tier)."""
+        n = num_layers * segments_per_layer
+        sizes = [int(segment_bytes)] * n if np.ndim(segment_bytes) == 0 else [int(b) for b in segment_bytes]
+        self.register_layout(num_layers, segments_per_layer, 0, [(0, 0, b) for b in sizes],
+                             flags=LAYOUT_STORAGE)
+
+    def register_memory(self, buffer, kind=MEM_HOST, nbytes=None):
+        """Registers engine memory as a region (kvt_register_memory) and returns
+        it (an int): a numpy array, memoryview or writable buffer, a torch
+        tensor (its data_ptr; kind=MEM_DEVICE for CUDA memory), or an address
+        with nbytes. Pieces then name (region, offset, len). Zero-copy: the
+        cache keeps the object alive until unregister_memory or close."""
+        if isinstance(buffer, int):
+            if nbytes is None:
+                raise ValueError("register_memory: an address needs nbytes")
+            addr, size, owner = buffer, nbytes, None
+        else:
+            addr, size, owner = _address(buffer)
+            if nbytes is not None:
+                if nbytes > size:
+                    raise ValueError("register_memory: %d bytes asked of a %d-byte buffer" % (nbytes, size))
+                size = nbytes
+        region = ffi.new("kvt_region *")
+        _check(lib.kvt_register_memory(self._ptr(), ffi.cast("void *", addr), size, kind, region),
+               "kvt_register_memory")
+        self._regions[region[0]] = owner
+        return region[0]
+
+    def unregister_memory(self, region):
+        """Forgets a region (KvtError EBUSY while a job in flight uses it)."""
+        _check(lib.kvt_unregister_memory(self._ptr(), region), "kvt_unregister_memory")
+        self._regions.pop(region, None)
+
+    def exists(self, keys, parent=None, opaque=False, tiers=False):
+        """The longest prefix of keys that a tier holds (kvt_exists), split by
+        tier, as a LookupResult; opaque=True: engine keys (keys_from_opaque),
+        each standing alone. tiers=True fills .tiers (Tier per key). Blocks
+        still being stored do not count. No side effects; never waits on I/O."""
+        kp, n, karr = _as_keys(keys)
+        pp, parr = self._parent(parent)
+        res = ffi.new("kvt_lookup_result *")
+        res.size = ffi.sizeof("kvt_lookup_result")
+        tob = np.empty(n, dtype=np.uint8) if tiers else None
+        tp = ffi.cast("uint8_t *", tob.ctypes.data) if tiers and n else ffi.NULL
+        _check(lib.kvt_exists(self._ptr(), pp, kp, n, KEYS_OPAQUE if opaque else 0, res, tp), "kvt_exists")
+        return LookupResult(res.n_blocks, res.n_prefix, res.n_device, res.n_host, res.n_disk, tob)
+
+    def _parent(self, parent):
+        if parent is None:
+            return ffi.NULL, None
+        pp, pn, parr = _as_keys(parent)
+        if pn != 1:
+            raise ValueError("parent: one key expected")
+        return pp, parr
+
+    def _batch(self, kind, keys, pieces, parent, tokens, opaque, max_blocks):
+        kp, n, karr = _as_keys(keys)
+        pcs, n_pieces, owners = _as_pieces(pieces)
+        if n == 0:
+            raise ValueError("%s: no keys" % kind)
+        if n_pieces == 0 or n_pieces % n:
+            raise ValueError("%s: %d pieces for %d blocks (the same number per block expected)"
+                             % (kind, n_pieces, n))
+        pp, parr = self._parent(parent)
+        tp, tarr = _as_tokens(tokens, None if tokens is None else n * self.block_tokens)
+        b = ffi.new("kvt_batch *")
+        lib.kvt_batch_init(b)
+        b.n_blocks, b.keys, b.parent, b.tokens = n, kp, pp, tp
+        b.pieces, b.pieces_per_block = pcs, n_pieces // n
+        b.max_blocks, b.flags = max_blocks, KEYS_OPAQUE if opaque else 0
+        job = ffi.new("kvt_job *")
+        call = "kvt_put_from" if kind == "put" else "kvt_get_into"
+        _check((lib.kvt_put_from if kind == "put" else lib.kvt_get_into)(self._ptr(), b, job), call)
+        sj = StorageJob(self, job[0], n, kind, owners)
+        self._storage_jobs[job[0]] = sj
+        return sj
+
+    def put_from(self, keys, pieces, parent=None, tokens=None, opaque=False):
+        """Copies the blocks of keys from the engine's memory into kvtier's
+        tiers (kvt_put_from) and returns a StorageJob at once; the copies run
+        on kvtier's workers. pieces: every block's pieces, block after block
+        (kvtier.pieces(...), or a list of buffers / (address, len) /
+        (region, offset, len)), the same number per block, adding up to
+        block_bytes() each. The memory must stay unchanged until the job is
+        over. A key already stored or being stored is skipped (result 1).
+        KvtError EAGAIN: every job slot is busy (collect and release some)."""
+        return self._batch("put", keys, pieces, parent, tokens, opaque, 0)
+
+    def get_into(self, keys, pieces, parent=None, tokens=None, opaque=False, max_blocks=0):
+        """Loads the longest cached prefix of keys (at most max_blocks; 0: all)
+        into the engine's memory (kvt_get_into); returns a StorageJob at once.
+        Per-block results: 0 landed, 1 not loaded, negative: that block's error
+        (compute it). tokens: verified against the stored ones."""
+        return self._batch("get", keys, pieces, parent, tokens, opaque, max_blocks)
+
+    def remove(self, keys):
+        """Removes keys from every tier (kvt_remove; blocks used by a job in
+        flight are kept); returns how many were removed. May block."""
+        kp, n, karr = _as_keys(keys)
+        out = ffi.new("size_t *")
+        _check(lib.kvt_remove(self._ptr(), kp, n, out), "kvt_remove")
+        return out[0]
+
+    def storage_collect(self, max_jobs=64):
+        """Finished storage jobs, each reported once, oldest first, as a list
+        of (StorageJob, status) (status as StorageJob.poll). Never blocks.
+        Release each job once its results are read."""
+        found = []
+        jobs = ffi.new("kvt_job[]", max_jobs)
+        status = ffi.new("int[]", max_jobs)
+        n = ffi.new("size_t *")
+        while True:
+            _check(lib.kvt_storage_collect(self._ptr(), jobs, status, max_jobs, n), "kvt_storage_collect")
+            for i in range(n[0]):
+                job = self._storage_jobs.get(jobs[i])
+                if job is None:  # started through the raw lib: wrap it
+                    job = StorageJob(self, jobs[i], 0, "raw", None)
+                    self._storage_jobs[jobs[i]] = job
+                found.append((job, status[i]))
+            if n[0] < max_jobs:
+                return found
