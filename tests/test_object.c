@@ -129,6 +129,14 @@ static void the_longest_stored_prefix_is_found(void **s) {
   assert_int_equal(info.n_tokens, 7 * BT);
   assert_int_equal(info.match_tokens, 7 * BT);
   get_exact(c, tokens, NTOK, 40000, 2, KVT_TIER_HOST);
+  {
+    char *b2 = malloc(40000);
+    assert_non_null(b2);
+    tokens[7 * BT - 1] ^= 1; /* all covered tokens checked against the header */
+    assert_int_equal(kvt_object_get(c, &info, tokens, b2, 40000), KVT_EMISMATCH);
+    tokens[7 * BT - 1] ^= 1;
+    free(b2);
+  }
   /* A conversation that leaves the stored one in block 5: the 3-block
    * object, all of whose 53 tokens still match. */
   tokens[5 * BT + 2] ^= 1;
@@ -144,6 +152,10 @@ static void the_longest_stored_prefix_is_found(void **s) {
   char buf[3000];
   assert_int_equal(kvt_object_get(c, &info, tokens, buf, sizeof buf), 0);
   assert_true(kvt_test_check(buf, sizeof buf, 1));
+  /* Other tokens than the key's are refused. */
+  tokens[BT + 3] ^= 1;
+  assert_int_equal(kvt_object_get(c, &info, tokens, buf, sizeof buf), KVT_EMISMATCH);
+  tokens[BT + 3] ^= 1;
   /* Too few tokens, or other ones from the start: nothing. */
   find(c, tokens, 3 * BT - 1, KVT_EMISS);
   tokens[0] ^= 1;

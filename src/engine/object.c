@@ -233,6 +233,16 @@ static void remove_parts(kvt_cache *c, const kvt_key *key, uint32_t parts) {
   free(pk);
 }
 
+/* The caller's first n tokens are the prefix filed under key. */
+static int tokens_have_key(kvt_cache *c, const uint32_t *tokens, uint64_t n, const kvt_key *key) {
+  kvt_key *keys = NULL;
+  size_t n_keys = 0;
+  if (n % c->bt || prefix_keys(c, tokens, (size_t)n, &keys, &n_keys)) return 0;
+  int same = kvt__key_eq(&keys[n_keys - 1], key);
+  free(keys);
+  return same;
+}
+
 int kvt_object_get(kvt_cache *c, const kvt_object_info *info, const uint32_t *tokens, void *buf, size_t cap) {
   if (!c || !info || !tokens || !buf || info->size < KVT_OBJECT_INFO_SIZE_V1 || !info->parts || !info->bytes)
     return -EINVAL;
@@ -259,8 +269,8 @@ int kvt_object_get(kvt_cache *c, const kvt_object_info *info, const uint32_t *to
   } else {
     memcpy(buf, first + HEADER_BYTES, first_len(h.bytes, block));
     if (parts > 1) memcpy((char *)buf + last_off(parts, block), last, h.bytes - last_off(parts, block));
-    uint64_t check = info->match_tokens < h.n_tokens ? 0 : h.n_tokens;
-    if (check && kvt__xxh3_64(tokens, check * sizeof *tokens, 0) != h.tokens_hash)
+    if (info->match_tokens >= h.n_tokens ? kvt__xxh3_64(tokens, h.n_tokens * sizeof *tokens, 0) != h.tokens_hash
+                                          : !tokens_have_key(c, tokens, info->match_tokens, &h.key))
       rc = KVT_EMISMATCH;
     else if (kvt__xxh3_64(buf, h.bytes, 0) != h.data_hash)
       rc = KVT_ECORRUPT;
