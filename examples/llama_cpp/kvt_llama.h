@@ -30,7 +30,6 @@ typedef struct kl_options {
   uint64_t host_bytes;     /* kvtier's host tier (256 MiB) */
   uint64_t disk_bytes;     /* kvtier's disk tier (1 GiB) */
   int disk_reset;          /* 1: start the disk tier empty */
-  int write_through;       /* reserved: 0 */
   int force;               /* 0: the cost model decides; 1: always restore; -1: never */
 } kl_options;
 
