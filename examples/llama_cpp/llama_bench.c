@@ -248,6 +248,7 @@ static int conversations(bench *b, int convs, size_t conv_tokens) {
 }
 
 int main(int argc, char **argv) {
+  setvbuf(stdout, NULL, _IOLBF, 0); /* lines as they come, also into a file */
   bench b;
   memset(&b, 0, sizeof b);
   kl_options_init(&b.o);
