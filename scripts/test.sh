@@ -10,6 +10,9 @@
 #      with torch and the engines (scripts/py-deps.sh, cached) importable, and
 #      the binding's tests on the ASan+UBSan library (no leak check: the
 #      interpreter does not free everything at exit).
+# Steps 1 and 2 include llama.cpp on kvtier (examples/llama_cpp and its
+# tests): scripts/llama-deps.sh fetches and builds llama.cpp once per machine
+# (cached); when it cannot, those tests skip and say why.
 # KVT_CUDA=0 builds without the CUDA backend; KVT_FUZZ_SECONDS (15) bounds
 # each fuzz target.
 set -euo pipefail
@@ -24,10 +27,17 @@ step() {
 }
 trap 'echo "kvtier: the test command failed in step \"$current\" (its output is above)" >&2' ERR
 
+step "llama.cpp for examples/llama_cpp (scripts/llama-deps.sh, cached)"
+if ! llama_dir=$(bash scripts/llama-deps.sh); then
+  echo "kvtier: llama.cpp could not be fetched or built (above): the llama.cpp tests will skip"
+  llama_dir=""
+fi
+
 step "build (-Werror) and test"
 # shellcheck disable=SC2046
 kvt_step build/ci/configure.log "configure (cmake)" \
-  cmake -S . -B build/ci -DKVT_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo $(kvt_cuda_cmake_args)
+  cmake -S . -B build/ci -DKVT_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo $(kvt_cuda_cmake_args) \
+  -DKVT_LLAMA_DIR="$llama_dir"
 grep "kvtier:" build/ci/configure.log | sed 's/^[- ]*/  /' || true
 cmake --build build/ci -j"$jobs"
 ctest --test-dir build/ci --output-on-failure -j"$jobs"
@@ -64,7 +74,8 @@ fi
 
 step "ASan+UBSan: every test"
 kvt_step build/asan/configure.log "configure (cmake, ASan)" \
-  cmake -S . -B build/asan -DKVT_WERROR=ON -DKVT_ASAN=ON -DKVT_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug
+  cmake -S . -B build/asan -DKVT_WERROR=ON -DKVT_ASAN=ON -DKVT_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug \
+  -DKVT_LLAMA_DIR="$llama_dir"
 cmake --build build/asan -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build/asan --output-on-failure -j"$jobs"

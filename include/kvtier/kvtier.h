@@ -758,6 +758,70 @@ KVT_API int kvt_metrics_write(kvt_cache *c, int format, char *buf, size_t *len);
  * (load factor 1/4..1/2), 4 bytes of free-slot stack. Upper bound. */
 #define KVT_MAP_BYTES_PER_BLOCK 116
 
+/* ------------------------------------------------------------------ */
+/* Objects: an engine's opaque state, of any size, keyed by prefix     */
+/* ------------------------------------------------------------------ */
+
+/* An engine that cannot hand over its KV cache block by block (llama.cpp's
+ * state API, recurrent or sliding-window state) stores one opaque object per
+ * prefix instead, in a storage-mode cache (KVT_LAYOUT_STORAGE). The object
+ * is filed under the chain key of the last full block of the tokens it
+ * covers (kvt_hash_tokens from the namespace) and split into parts of
+ * kvt_block_bytes each, stored as storage-mode blocks under keys derived
+ * from that key: the same tiers, records, checksums, namespace, LRU and
+ * restart recovery as blocks. The first part starts with a small header
+ * (the object's length, the tokens it covers, hashes of its tokens and of
+ * its bytes). A part evicted or failing its checksum makes the whole object
+ * a miss. Pick the block size near a few hundred KiB for objects of
+ * megabytes: parts are whole blocks. An object needs at most max_job_blocks
+ * parts (-E2BIG past that). These calls wait for their copies (may block);
+ * like every call they may run from several threads at once. */
+
+typedef struct kvt_object_info {
+  uint32_t size;          /* sizeof(kvt_object_info); the caller sets it */
+  uint32_t parts;         /* storage blocks holding the object */
+  uint64_t bytes;         /* the object's length */
+  uint64_t n_tokens;      /* tokens the object's state covers */
+  /* Leading tokens of the caller's that the object is valid for: n_tokens
+   * when all of them match the caller's, else the full blocks of the key
+   * (the engine truncates its state to this many and computes the rest). */
+  uint64_t match_tokens;
+  kvt_key key;            /* the prefix key it is filed under */
+  uint32_t tier;          /* KVT_TIER_* of the slowest part */
+} kvt_object_info;
+#define KVT_OBJECT_INFO_SIZE_V1 (offsetof(kvt_object_info, tier) + sizeof(uint32_t))
+
+/* Stores len bytes of data (1..2^40) as the object of tokens[0..n_tokens)
+ * (n_tokens >= block_tokens; the key is that of the last full block).
+ * Returns 0 stored, 1 when an object is already stored under that key
+ * (kept as it is: kvt_object_remove first to replace it), or -EINVAL,
+ * KVT_ELAYOUT, KVT_ESTATE (not a storage-mode cache), -E2BIG, -ENOMEM,
+ * KVT_ENOSPACE (the tiers cannot hold every part at once; nothing is
+ * kept), or a part's error. data is read during the call only. May block. */
+KVT_API int kvt_object_put(kvt_cache *c, const uint32_t *tokens, size_t n_tokens, const void *data,
+                           size_t len);
+
+/* Finds the object of the longest prefix of tokens[0..n_tokens) stored
+ * whole (every part in a tier, the header readable and its tokens equal to
+ * the caller's) and describes it in *info. Returns 0 found, KVT_EMISS when
+ * no prefix has one, or the errors of kvt_object_put. Reads the first part
+ * of each candidate (may block). */
+KVT_API int kvt_object_find(kvt_cache *c, const uint32_t *tokens, size_t n_tokens, kvt_object_info *info);
+
+/* Reads the object that kvt_object_find described into buf (cap >=
+ * info->bytes). tokens are the caller's, at least info->match_tokens long,
+ * checked again against the header. Returns 0 (buf holds exactly the bytes
+ * put), KVT_EMISS (evicted since), KVT_ECORRUPT (a part failed its
+ * checksum, or the parts do not add up to the object put: the object is
+ * removed), KVT_EMISMATCH (other tokens), -ENOBUFS (cap too small),
+ * -EINVAL. May block. */
+KVT_API int kvt_object_get(kvt_cache *c, const kvt_object_info *info, const uint32_t *tokens, void *buf,
+                           size_t cap);
+
+/* Removes the object filed under the last full block of tokens[0..n_tokens)
+ * from every tier. Returns 0 (removed), KVT_EMISS (none), -EINVAL. May block. */
+KVT_API int kvt_object_remove(kvt_cache *c, const uint32_t *tokens, size_t n_tokens);
+
 #ifdef __cplusplus
 }
 #endif

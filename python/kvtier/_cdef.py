@@ -240,6 +240,20 @@ int kvt_storage_results(kvt_cache *c, kvt_job job, int32_t *results, size_t n, u
 int kvt_storage_collect(kvt_cache *c, kvt_job *jobs, int *status, size_t max, size_t *n);
 int kvt_storage_release(kvt_cache *c, kvt_job job);
 
+typedef struct kvt_object_info {
+  uint32_t size;
+  uint32_t parts;
+  uint64_t bytes;
+  uint64_t n_tokens;
+  uint64_t match_tokens;
+  kvt_key key;
+  uint32_t tier;
+} kvt_object_info;
+int kvt_object_put(kvt_cache *c, const uint32_t *tokens, size_t n_tokens, const void *data, size_t len);
+int kvt_object_find(kvt_cache *c, const uint32_t *tokens, size_t n_tokens, kvt_object_info *info);
+int kvt_object_get(kvt_cache *c, const kvt_object_info *info, const uint32_t *tokens, void *buf, size_t cap);
+int kvt_object_remove(kvt_cache *c, const uint32_t *tokens, size_t n_tokens);
+
 int kvt_metrics_write(kvt_cache *c, int format, char *buf, size_t *len);
 """
 

@@ -1,0 +1,178 @@
+/* llama.cpp on kvtier, exactness: a conversation restored from kvtier gives
+ * the same logits, bit for bit, as an uninterrupted run of the same tokens
+ * through the same decode calls (flash attention off, fixed threads:
+ * llama.cpp computes a batch of one token by another kernel than a longer
+ * batch, so the runs compared split the tokens alike); so does a restored state truncated
+ * to a shorter prefix and extended with new tokens, one restored from disk
+ * after the engine restarts, and one whose stored record was corrupted (it
+ * is refused and the conversation recomputed). Runs on the small random
+ * model that scripts/llama-deps.sh writes. */
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "helpers.h"
+#include "kvt_llama.h"
+
+#define N_CTX 1024
+
+static char disk[4200];
+static int disks; /* a file per engine history: a failed test leaves its cache open */
+
+static void options(kl_options *o, uint64_t host_bytes, int reset) {
+  kl_options_init(o);
+  o->model_path = KVT_LLAMA_MODEL;
+  o->threads = 2;
+  o->n_ctx = N_CTX;
+  if (reset) disks++;
+  snprintf(disk, sizeof disk, "%s/llama%d.kvt", kvt_test_tmpdir(), disks);
+  o->disk_path = disk;
+  o->host_bytes = host_bytes;
+  o->disk_bytes = 64ull << 20;
+  o->disk_reset = reset;
+  o->force = 1; /* restore whenever something is stored: these tests check exactness */
+}
+
+static void engine_open(kl_engine *e, uint64_t host_bytes, int reset) {
+  kl_options o;
+  options(&o, host_bytes, reset);
+  assert_int_equal(kl_open(e, &o), 0);
+}
+
+/* A conversation: token ids from a fixed generator, inside the vocabulary. */
+static void tokens_of(llama_token *t, size_t n, uint32_t seed, int32_t n_vocab) {
+  uint32_t x = seed * 2654435761u + 12345u;
+  for (size_t i = 0; i < n; i++) {
+    x = x * 1664525u + 1013904223u;
+    t[i] = (llama_token)(3 + (x >> 8) % (uint32_t)(n_vocab - 3));
+  }
+}
+
+/* The logits of an uninterrupted run of t[0..n) in a cleared context,
+ * decoded as t[0..split) then t[split..n). */
+static float *reference(kl_engine *e, const llama_token *t, size_t split, size_t n) {
+  float *l = malloc((size_t)e->n_vocab * sizeof *l);
+  assert_non_null(l);
+  kl_clear(e);
+  assert_int_equal(kl_prefill(e, t, 0, split, NULL), 0);
+  assert_int_equal(kl_prefill(e, t, split, n, l), 0);
+  kl_clear(e);
+  return l;
+}
+
+/* Serves t[0..n), which must restore want_restored tokens from tier, and
+ * compares with the uninterrupted run that decodes the same batches. */
+static void serve_exact(kl_engine *e, const llama_token *t, size_t n, uint64_t want_restored, uint32_t tier) {
+  float *want = reference(e, t, want_restored, n);
+  float *got = malloc((size_t)e->n_vocab * sizeof *got);
+  assert_non_null(got);
+  kl_turn turn;
+  assert_int_equal(kl_serve(e, t, n, got, &turn), 0);
+  assert_int_equal(turn.restored, want_restored);
+  assert_int_equal(turn.computed, n - want_restored);
+  if (want_restored) assert_int_equal(turn.tier, tier);
+  assert_memory_equal(got, want, (size_t)e->n_vocab * sizeof *got);
+  free(want);
+  free(got);
+}
+
+static void restored_logits_are_bit_exact(void **s) {
+  (void)s;
+  kl_engine e;
+  engine_open(&e, 64ull << 20, 1);
+  llama_token t[400];
+  tokens_of(t, 400, 1, e.n_vocab);
+  kl_turn turn;
+  assert_int_equal(kl_serve(&e, t, 300, NULL, &turn), 0);
+  assert_int_equal(turn.restored, 0);
+  assert_int_equal(kl_park(&e, t, 300), 0);
+  /* The next turn: all 300 tokens restored, 100 new ones prefilled. */
+  serve_exact(&e, t, 400, 300, KVT_TIER_HOST);
+  /* The same 300 again: the last one is recomputed for its logits. */
+  serve_exact(&e, t, 300, 299, KVT_TIER_HOST);
+  kl_close(&e);
+}
+
+static void truncated_state_with_a_new_suffix_is_exact(void **s) {
+  (void)s;
+  kl_engine e;
+  engine_open(&e, 64ull << 20, 1);
+  llama_token t[400], u[400];
+  tokens_of(t, 400, 2, e.n_vocab);
+  kl_turn turn;
+  assert_int_equal(kl_serve(&e, t, 200, NULL, &turn), 0);
+  assert_int_equal(kl_park(&e, t, 200), 0); /* filed under 192 tokens, covers 200 */
+  /* Another branch leaves it at token 195: the state is cut to the 192
+   * tokens of its key, then 208 new ones follow. */
+  tokens_of(u, 400, 3, e.n_vocab);
+  memcpy(u, t, 195 * sizeof *u);
+  serve_exact(&e, u, 400, 192, KVT_TIER_HOST);
+  /* Leaving it at 200: all 200 stored tokens are kept. */
+  memcpy(u, t, 200 * sizeof *u);
+  serve_exact(&e, u, 400, 200, KVT_TIER_HOST);
+  kl_close(&e);
+}
+
+static void restore_from_disk_after_a_restart_is_exact(void **s) {
+  (void)s;
+  kl_engine e;
+  engine_open(&e, 0, 1); /* no host tier: objects go straight to disk */
+  llama_token t[3][500];
+  kl_turn turn;
+  for (uint32_t c = 0; c < 3; c++) {
+    tokens_of(t[c], 500, 10 + c, e.n_vocab);
+    assert_int_equal(kl_serve(&e, t[c], 320 + 40 * c, NULL, &turn), 0);
+    assert_int_equal(kl_park(&e, t[c], 320 + 40 * c), 0);
+  }
+  kl_close(&e); /* the process's engine goes away; the disk file stays */
+  engine_open(&e, 0, 0);
+  for (uint32_t c = 0; c < 3; c++) serve_exact(&e, t[c], 500, 320 + 40 * c, KVT_TIER_DISK);
+  kl_close(&e);
+}
+
+/* Flips a byte every 4 KiB from the first record on: every payload. */
+static void corrupt_disk_file(void) {
+  int fd = open(disk, O_RDWR);
+  assert_true(fd >= 0);
+  struct stat st;
+  assert_int_equal(fstat(fd, &st), 0);
+  for (off_t at = 8192 + 777; at < st.st_size; at += 4096) {
+    char b;
+    assert_int_equal(pread(fd, &b, 1, at), 1);
+    b ^= 0x21;
+    assert_int_equal(pwrite(fd, &b, 1, at), 1);
+  }
+  fsync(fd);
+  close(fd);
+}
+
+static void a_corrupted_record_is_refused_and_recomputed_exactly(void **s) {
+  (void)s;
+  kl_engine e;
+  engine_open(&e, 0, 1);
+  llama_token t[400];
+  tokens_of(t, 400, 20, e.n_vocab);
+  kl_turn turn;
+  assert_int_equal(kl_serve(&e, t, 300, NULL, &turn), 0);
+  assert_int_equal(kl_park(&e, t, 300), 0);
+  corrupt_disk_file();
+  serve_exact(&e, t, 400, 0, KVT_TIER_NONE);
+  kvt_stats st = {.size = sizeof st};
+  assert_int_equal(kvt_get_stats(e.cache, &st), 0);
+  assert_true(st.checksum_failures >= 1); /* refused by its checksum, not just absent */
+  kl_close(&e);
+}
+
+int main(void) {
+  if (access(KVT_LLAMA_MODEL, R_OK) != 0) kvt_test_skip("the test model %s is missing: run scripts/llama-deps.sh", KVT_LLAMA_MODEL);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(restored_logits_are_bit_exact),
+      cmocka_unit_test(truncated_state_with_a_new_suffix_is_exact),
+      cmocka_unit_test(restore_from_disk_after_a_restart_is_exact),
+      cmocka_unit_test(a_corrupted_record_is_refused_and_recomputed_exactly),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

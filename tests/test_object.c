@@ -1,0 +1,292 @@
+/* Objects keyed by prefix: byte-exact round trips of objects of any size
+ * across the host and disk tiers, the longest stored prefix found (and how
+ * many of the caller's tokens it is valid for), a corrupted part refused as
+ * a miss, objects restored from disk after a reopen, a second put kept,
+ * removal, and bad arguments. */
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "helpers.h"
+#include "kvtier/kvtier.h"
+#include "store/record.h"
+
+#define BT 16
+#define BLOCK 16384u
+#define NTOK (16 * BT)
+
+static char path[4200];
+
+static kvt_cache *open_objects(uint32_t host, uint64_t disk, int reset, uint32_t flags) {
+  kvt_config cfg;
+  kvt_config_init(&cfg);
+  cfg.model_fingerprint = "object-test";
+  cfg.block_tokens = BT;
+  cfg.host_blocks = host;
+  cfg.copy_threads = 2;
+  snprintf(path, sizeof path, "%s/object.kvt", kvt_test_tmpdir());
+  cfg.disk_path = disk ? path : NULL;
+  cfg.disk_blocks = disk;
+  cfg.disk_reset = reset;
+  kvt_cache *c = NULL;
+  assert_int_equal(kvt_open(&cfg, &c), 0);
+  kvt_segment seg = {NULL, 0, BLOCK};
+  kvt_layout l;
+  kvt_layout_init(&l);
+  l.num_layers = 1;
+  l.segments_per_layer = 1;
+  l.segments = &seg;
+  l.flags = flags;
+  if (!(flags & KVT_LAYOUT_STORAGE)) {
+    l.num_slots = 4;
+    seg.base = malloc(4 * BLOCK);
+    seg.stride = BLOCK;
+    assert_non_null(seg.base);
+  }
+  assert_int_equal(kvt_register_layout(c, &l), 0);
+  if (!(flags & KVT_LAYOUT_STORAGE)) free(seg.base); /* never touched by these tests */
+  return c;
+}
+
+static void conversation(uint32_t *tokens, size_t n, uint32_t seed) {
+  for (size_t i = 0; i < n; i++) tokens[i] = seed * 100003u + (uint32_t)i * 7u;
+}
+
+static kvt_object_info find(kvt_cache *c, const uint32_t *tokens, size_t n, int want) {
+  kvt_object_info info = {.size = sizeof info};
+  assert_int_equal(kvt_object_find(c, tokens, n, &info), want);
+  return info;
+}
+
+/* Gets the object find() names and checks it holds the pattern of seed. */
+static void get_exact(kvt_cache *c, const uint32_t *tokens, size_t n, size_t len, uint64_t seed,
+                      uint32_t tier) {
+  kvt_object_info info = find(c, tokens, n, 0);
+  assert_int_equal(info.bytes, len);
+  assert_int_equal(info.tier, tier);
+  char *buf = malloc(len);
+  assert_non_null(buf);
+  assert_int_equal(kvt_object_get(c, &info, tokens, buf, len), 0);
+  assert_true(kvt_test_check(buf, len, seed));
+  free(buf);
+}
+
+static void put_pattern(kvt_cache *c, const uint32_t *tokens, size_t n, size_t len, uint64_t seed, int want) {
+  char *buf = malloc(len);
+  assert_non_null(buf);
+  kvt_test_fill(buf, len, seed);
+  assert_int_equal(kvt_object_put(c, tokens, n, buf, len), want);
+  free(buf);
+}
+
+static void objects_of_any_size_round_trip_exactly(void **s) {
+  (void)s;
+  kvt_cache *c = open_objects(64, 0, 1, KVT_LAYOUT_STORAGE);
+  /* One byte, one part exactly full, one byte over, many parts, odd tails. */
+  const size_t sizes[] = {1, BLOCK - 64, BLOCK - 63, 2 * BLOCK - 64, 5 * BLOCK + 12345, 100003};
+  uint32_t tokens[NTOK];
+  for (uint32_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    conversation(tokens, NTOK, i + 1);
+    put_pattern(c, tokens, BT * 2 + i, sizes[i], 50 + i, 0);
+  }
+  for (uint32_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    conversation(tokens, NTOK, i + 1);
+    get_exact(c, tokens, NTOK, sizes[i], 50 + i, KVT_TIER_HOST);
+    kvt_object_info info = find(c, tokens, NTOK, 0);
+    assert_int_equal(info.n_tokens, BT * 2 + i);
+    assert_int_equal(info.match_tokens, BT * 2 + i);
+    assert_int_equal(info.parts, (sizes[i] + 64 + BLOCK - 1) / BLOCK);
+  }
+  kvt_close(c);
+}
+
+static void host_victims_serve_from_disk(void **s) {
+  (void)s;
+  kvt_cache *c = open_objects(16, 64, 1, KVT_LAYOUT_STORAGE);
+  uint32_t tokens[NTOK];
+  const size_t len = 6 * BLOCK + 999; /* 7 parts: three objects overflow 16 host blocks */
+  for (uint32_t i = 0; i < 3; i++) {
+    conversation(tokens, NTOK, 10 + i);
+    put_pattern(c, tokens, NTOK, len, 70 + i, 0);
+  }
+  conversation(tokens, NTOK, 10);
+  get_exact(c, tokens, NTOK, len, 70, KVT_TIER_DISK);
+  conversation(tokens, NTOK, 12);
+  get_exact(c, tokens, NTOK, len, 72, KVT_TIER_HOST);
+  kvt_close(c);
+}
+
+static void the_longest_stored_prefix_is_found(void **s) {
+  (void)s;
+  kvt_cache *c = open_objects(64, 0, 1, KVT_LAYOUT_STORAGE);
+  uint32_t tokens[NTOK];
+  conversation(tokens, NTOK, 3);
+  put_pattern(c, tokens, 3 * BT + 5, 3000, 1, 0);  /* covers 3 blocks and 5 tokens */
+  put_pattern(c, tokens, 7 * BT, 40000, 2, 0);     /* covers 7 blocks */
+  kvt_object_info info = find(c, tokens, NTOK, 0);
+  assert_int_equal(info.n_tokens, 7 * BT);
+  assert_int_equal(info.match_tokens, 7 * BT);
+  get_exact(c, tokens, NTOK, 40000, 2, KVT_TIER_HOST);
+  {
+    char *b2 = malloc(40000);
+    assert_non_null(b2);
+    tokens[7 * BT - 1] ^= 1; /* all covered tokens checked against the header */
+    assert_int_equal(kvt_object_get(c, &info, tokens, b2, 40000), KVT_EMISMATCH);
+    tokens[7 * BT - 1] ^= 1;
+    free(b2);
+  }
+  /* A conversation that leaves the stored one in block 5: the 3-block
+   * object, all of whose 53 tokens still match. */
+  tokens[5 * BT + 2] ^= 1;
+  info = find(c, tokens, NTOK, 0);
+  assert_int_equal(info.n_tokens, 3 * BT + 5);
+  assert_int_equal(info.match_tokens, 3 * BT + 5);
+  get_exact(c, tokens, NTOK, 3000, 1, KVT_TIER_HOST);
+  /* Leaving it inside the object's partial block: valid for the 48 tokens
+   * of its key only. */
+  tokens[3 * BT + 1] ^= 1;
+  info = find(c, tokens, NTOK, 0);
+  assert_int_equal(info.match_tokens, 3 * BT);
+  char buf[3000];
+  assert_int_equal(kvt_object_get(c, &info, tokens, buf, sizeof buf), 0);
+  assert_true(kvt_test_check(buf, sizeof buf, 1));
+  /* Other tokens than the key's are refused. */
+  tokens[BT + 3] ^= 1;
+  assert_int_equal(kvt_object_get(c, &info, tokens, buf, sizeof buf), KVT_EMISMATCH);
+  tokens[BT + 3] ^= 1;
+  /* Too few tokens, or other ones from the start: nothing. */
+  find(c, tokens, 3 * BT - 1, KVT_EMISS);
+  tokens[0] ^= 1;
+  find(c, tokens, NTOK, KVT_EMISS);
+  kvt_close(c);
+}
+
+static void a_second_put_is_kept_and_remove_forgets(void **s) {
+  (void)s;
+  kvt_cache *c = open_objects(64, 0, 1, KVT_LAYOUT_STORAGE);
+  uint32_t tokens[NTOK];
+  conversation(tokens, NTOK, 4);
+  put_pattern(c, tokens, 4 * BT, 20000, 1, 0);
+  put_pattern(c, tokens, 4 * BT + 3, 30000, 2, 1); /* same key: kept as it is */
+  get_exact(c, tokens, 4 * BT, 20000, 1, KVT_TIER_HOST);
+  assert_int_equal(kvt_object_remove(c, tokens, 4 * BT + 3), 0);
+  find(c, tokens, NTOK, KVT_EMISS);
+  assert_int_equal(kvt_object_remove(c, tokens, 4 * BT), KVT_EMISS);
+  put_pattern(c, tokens, 4 * BT + 3, 30000, 2, 0);
+  get_exact(c, tokens, NTOK, 30000, 2, KVT_TIER_HOST);
+  kvt_close(c);
+}
+
+static void flip_every_payload(uint64_t slots) {
+  size_t rec = kvt__record_bytes(BT, BLOCK);
+  int fd = open(path, O_RDWR);
+  assert_true(fd >= 0);
+  for (uint64_t slot = 0; slot < slots; slot++) {
+    off_t at = 4096 + (off_t)slot * (off_t)rec + (off_t)kvt__record_prefix_bytes(BT) + 100;
+    char b;
+    assert_int_equal(pread(fd, &b, 1, at), 1);
+    b ^= 0x5a;
+    assert_int_equal(pwrite(fd, &b, 1, at), 1);
+  }
+  fsync(fd);
+  close(fd);
+}
+
+static void a_corrupted_part_is_a_miss(void **s) {
+  (void)s;
+  kvt_cache *c = open_objects(0, 16, 1, KVT_LAYOUT_STORAGE); /* parts go straight to disk */
+  uint32_t tokens[NTOK];
+  conversation(tokens, NTOK, 5);
+  put_pattern(c, tokens, NTOK, 3 * BLOCK, 9, 0);
+  kvt_object_info info = find(c, tokens, NTOK, 0);
+  assert_int_equal(info.tier, KVT_TIER_DISK);
+  flip_every_payload(16);
+  char *buf = malloc(3 * BLOCK);
+  assert_non_null(buf);
+  assert_int_equal(kvt_object_get(c, &info, tokens, buf, 3 * BLOCK), KVT_ECORRUPT);
+  find(c, tokens, NTOK, KVT_EMISS);
+  /* Stored again, it serves again. */
+  put_pattern(c, tokens, NTOK, 3 * BLOCK, 9, 0);
+  get_exact(c, tokens, NTOK, 3 * BLOCK, 9, KVT_TIER_DISK);
+  /* A header failing its checksum: find passes over it. */
+  flip_every_payload(16);
+  find(c, tokens, NTOK, KVT_EMISS);
+  free(buf);
+  kvt_close(c);
+}
+
+static void objects_on_disk_survive_a_reopen(void **s) {
+  (void)s;
+  kvt_cache *c = open_objects(4, 64, 1, KVT_LAYOUT_STORAGE);
+  uint32_t tokens[NTOK];
+  for (uint32_t i = 0; i < 3; i++) {
+    conversation(tokens, NTOK, 20 + i);
+    put_pattern(c, tokens, NTOK - i, 2 * BLOCK + 77 * i, 90 + i, 0);
+  }
+  kvt_close(c);
+  c = open_objects(4, 64, 0, KVT_LAYOUT_STORAGE);
+  /* 9 parts through 4 host blocks: the first object spilled whole to disk
+   * and comes back; the others kept parts (their headers among them) in
+   * RAM, lost at close, so they are misses rather than half objects. */
+  conversation(tokens, NTOK, 20);
+  get_exact(c, tokens, NTOK, 2 * BLOCK, 90, KVT_TIER_DISK);
+  for (uint32_t i = 1; i < 3; i++) {
+    conversation(tokens, NTOK, 20 + i);
+    find(c, tokens, NTOK, KVT_EMISS);
+  }
+  kvt_close(c);
+}
+
+static void bad_arguments(void **s) {
+  (void)s;
+  uint32_t tokens[NTOK];
+  conversation(tokens, NTOK, 6);
+  char buf[100] = {0};
+  kvt_object_info info = {.size = sizeof info};
+  assert_int_equal(kvt_object_put(NULL, tokens, NTOK, buf, sizeof buf), -EINVAL);
+  assert_int_equal(kvt_object_find(NULL, tokens, NTOK, &info), -EINVAL);
+  assert_int_equal(kvt_object_get(NULL, &info, tokens, buf, sizeof buf), -EINVAL);
+  assert_int_equal(kvt_object_remove(NULL, tokens, NTOK), -EINVAL);
+
+  kvt_cache *c = open_objects(8, 0, 1, KVT_LAYOUT_STORAGE);
+  assert_int_equal(kvt_object_put(c, NULL, NTOK, buf, sizeof buf), -EINVAL);
+  assert_int_equal(kvt_object_put(c, tokens, NTOK, NULL, sizeof buf), -EINVAL);
+  assert_int_equal(kvt_object_put(c, tokens, NTOK, buf, 0), -EINVAL);
+  assert_int_equal(kvt_object_put(c, tokens, BT - 1, buf, sizeof buf), -EINVAL); /* no full block */
+  char *big = calloc(9, BLOCK);
+  assert_non_null(big);
+  assert_int_equal(kvt_object_put(c, tokens, BT, big, 9 * BLOCK), KVT_ENOSPACE); /* more than the tiers hold */
+  find(c, tokens, NTOK, KVT_EMISS);
+  free(big);
+  assert_int_equal(kvt_object_find(c, tokens, NTOK, NULL), -EINVAL);
+  info.size = 4;
+  assert_int_equal(kvt_object_find(c, tokens, NTOK, &info), KVT_EVERSION);
+  info.size = sizeof info;
+  assert_int_equal(kvt_object_put(c, tokens, NTOK, buf, sizeof buf), 0);
+  info = find(c, tokens, NTOK, 0);
+  assert_int_equal(kvt_object_get(c, &info, tokens, buf, sizeof buf - 1), -ENOBUFS);
+  assert_int_equal(kvt_object_get(c, &info, NULL, buf, sizeof buf), -EINVAL);
+  kvt_object_info forged = info;
+  forged.parts = 3; /* does not fit the bytes */
+  assert_int_equal(kvt_object_get(c, &forged, tokens, buf, sizeof buf), -EINVAL);
+  kvt_close(c);
+
+  c = open_objects(8, 0, 1, 0); /* owner mode: objects need storage mode */
+  assert_int_equal(kvt_object_put(c, tokens, NTOK, buf, sizeof buf), KVT_ESTATE);
+  kvt_close(c);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(objects_of_any_size_round_trip_exactly),
+      cmocka_unit_test(host_victims_serve_from_disk),
+      cmocka_unit_test(the_longest_stored_prefix_is_found),
+      cmocka_unit_test(a_second_put_is_kept_and_remove_forgets),
+      cmocka_unit_test(a_corrupted_part_is_a_miss),
+      cmocka_unit_test(objects_on_disk_survive_a_reopen),
+      cmocka_unit_test(bad_arguments),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
