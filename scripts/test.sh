@@ -127,7 +127,7 @@ echo "the binding's tests again, on the ASan+UBSan build of the library:"
 LD_PRELOAD="$(cc -print-file-name=libasan.so) $(cc -print-file-name=libubsan.so)" \
   ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   KVTIER_LIBRARY="$PWD/build/asan/libkvtier.so.0" \
-  build/py/venv/bin/pytest -q -p no:cacheprovider python/tests/test_binding.py
+  build/py/venv/bin/pytest -q -p no:cacheprovider python/tests/test_binding.py python/tests/test_storage.py
 
 echo
 echo "kvtier: all tests passed"
