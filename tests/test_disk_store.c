@@ -709,6 +709,9 @@ static void test_durable_write_is_synced_before_done(void **state) {
   assert_int_equal(st.syncs, 0);
 
   reopen_durable(f);
+  kvt__disk_info in;
+  kvt__disk_get_info(f->d, &in);
+  assert_int_equal(in.ops, 16); /* writes waiting for a sync get headroom */
   memset(&g_sw, 0, sizeof g_sw);
   free(w);
   w = waiter_new();

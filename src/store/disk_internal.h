@@ -29,6 +29,9 @@
  * under the store without verification; with a whole queue depth, 45-58
  * of 64 stay at the disk and fetches and spills matched raw io_uring. */
 #define KVT_DISK_HASH_HEADROOM_MUL 1u
+/* Durable mode: writes that landed keep their ops until the fdatasync of
+ * their group returns, out of the ring as well, so the store holds another
+ * queue_depth ops and the disk keeps queue_depth I/Os while a group syncs. */
 
 enum { OP_WRITE = 1, OP_READ, OP_TOMB };
 

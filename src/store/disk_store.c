@@ -635,7 +635,8 @@ static kvt__disk *disk_new(const kvt__disk_cfg *c) {
   d->data_off = KVT_DISK_SUPER_BYTES;
   d->ns = c->ns;
   d->queue_depth = c->queue_depth ? c->queue_depth : DEFAULT_QUEUE_DEPTH;
-  d->depth = d->queue_depth + (d->handoff ? d->queue_depth * KVT_DISK_HASH_HEADROOM_MUL : 0);
+  d->depth = d->queue_depth + (d->handoff ? d->queue_depth * KVT_DISK_HASH_HEADROOM_MUL : 0) +
+             (c->durable ? d->queue_depth : 0);
   d->bufs = c->bufs;
   d->buf_lens = c->buf_lens;
   d->n_bufs = c->n_bufs;

@@ -167,8 +167,9 @@ typedef struct kvt__disk_info {
   uint64_t slots, slot_bytes, data_offset;
   uint32_t checksum_threads; /* threads sealing writes and verifying reads */
   uint32_t queue_depth;      /* as configured (or the default) */
-  uint32_t ops;              /* operations in flight at most: queue_depth, twice that
-                                when records are hashed on the checksum threads */
+  uint32_t ops;              /* operations in flight at most: queue_depth, plus as many
+                                again when records are hashed on the checksum threads,
+                                and again in durable mode (writes waiting for a sync) */
 } kvt__disk_info;
 
 typedef struct kvt__disk_stats {
