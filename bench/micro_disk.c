@@ -21,8 +21,8 @@
  * round (a shared disk swings single rounds by several times). CPU time
  * per GB comes from getrusage (all threads, io-wq workers included).
  * Figures per way, worst and best rounds and CPU are in the row's JSON
- * detail. A last row puts durable mode's spill (the file opened O_DSYNC)
- * against a normal spill of the same records. */
+ * detail. A last row puts durable mode's spill (completed writes covered
+ * by group fdatasyncs) against a normal spill of the same records. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -565,11 +565,15 @@ static int one_size(const kvt_bench_micro_opts *o, kvt_bench_rows *rows, const c
   return 0;
 }
 
-/* Durable mode (disk_durable = 1: the file opened O_DSYNC, so a write
- * completes only once it is on stable storage) against a normal spill of
- * the same 2 MiB records to a second file of the same size, in alternating
- * rounds of this run (each side first in every other round); each side
- * counts by its median round. */
+/* Durable mode (disk_durable = 1: a write finishes only after an
+ * fdatasync issued once it completed, one for each group of writes that
+ * completed meanwhile) against a normal spill of the same 2 MiB records to
+ * a second file of the same size, in rotating rounds of this run; each
+ * side counts by its median round. The detail adds a third side: a normal
+ * spill followed by one fdatasync, timed together, about what the drive
+ * takes to stable storage (a drive whose flush writes back a large cache,
+ * as a virtual disk's does, holds durable spills to that, not to the
+ * normal spill). */
 static int durable_row(const kvt_bench_micro_opts *o, kvt_bench_rows *rows, const char *dir) {
   run r = {.payload = 2u << 20, .rec = kvt__record_bytes(BT, 2u << 20)};
   uint64_t file_bytes = o->quick ? (64ull << 20) : (1ull << 30);
@@ -587,32 +591,51 @@ static int durable_row(const kvt_bench_micro_opts *o, kvt_bench_rows *rows, cons
     kvt__disk_get_info(durable, &in);
     r.direct = in.direct;
   }
-  measure nm[MAX_ROUNDS], dm[MAX_ROUNDS], n_mid = {0, 0}, d_mid = {0, 0}, lo, hi;
+  measure nm[MAX_ROUNDS], dm[MAX_ROUNDS], sm[MAX_ROUNDS], n_mid = {0, 0}, d_mid = {0, 0}, s_mid = {0, 0}, lo, hi;
   int rounds = o->quick ? 1 : ROUNDS;
+  /* The third side: a normal spill and then one fdatasync of its file,
+   * timed together. */
+  int sync_fd = rc == 0 ? open(r.path, O_RDWR | O_CLOEXEC) : -1;
+  if (rc == 0 && sync_fd < 0) rc = -errno;
   for (int i = 0; rc == 0 && i < rounds; i++) {
-    for (int k = 0; k < 2; k++) {
-      int dur = (i + k) % 2;
-      r.d = dur ? durable : normal;
-      (dur ? dm : nm)[i] = store_loop_run(&r, 1, 0);
+    for (int k = 0; k < 3; k++) {
+      int which = (i + k) % 3; /* 0 normal, 1 durable, 2 normal + fdatasync */
+      r.d = which == 1 ? durable : normal;
+      int64_t t0 = kvt__now_ns();
+      measure m = store_loop_run(&r, 1, 0);
+      if (which == 2) {
+        int64_t t1 = kvt__now_ns();
+        if (fdatasync(sync_fd) < 0) rc = -errno;
+        int64_t t2 = kvt__now_ns();
+        m.gbs = t2 > t0 ? m.gbs * (double)(t1 - t0) / (double)(t2 - t0) : m.gbs;
+      }
+      (which == 0 ? nm : which == 1 ? dm : sm)[i] = m;
     }
   }
+  if (sync_fd >= 0) close(sync_fd);
   r.d = NULL;
+  kvt__disk_stats ds = {0};
+  if (durable) kvt__disk_get_stats(durable, &ds);
   kvt__disk_close(normal);
   kvt__disk_close(durable);
   unlink(dpath);
   if (rc == 0) {
     sum_up(nm, rounds, &n_mid, &lo, &hi);
     sum_up(dm, rounds, &d_mid, &lo, &hi);
+    sum_up(sm, rounds, &s_mid, &lo, &hi);
     char note[160];
     snprintf(note, sizeof note,
              "durable %.2f vs normal %.2f GB/s: durable spills survive power loss, normal ones a process crash",
              d_mid.gbs, n_mid.gbs);
-    kvt_bench_row(rows, "spill 2MiB durable (O_DSYNC)", "GB/s", d_mid.gbs, n_mid.gbs, 0, note);
+    kvt_bench_row(rows, "spill 2MiB durable (group fdatasync)", "GB/s", d_mid.gbs, n_mid.gbs, 0, note);
     char detail[512];
     snprintf(detail, sizeof detail,
              "limit = normal spill of the same records, same run; %s; %d rounds alternating, medians;"
-             " cpu-s/GB durable %.3f normal %.3f",
-             r.direct ? "O_DIRECT" : "BUFFERED (O_DIRECT refused)", rounds, d_mid.cpu_per_gb, n_mid.cpu_per_gb);
+             " cpu-s/GB durable %.3f normal %.3f; durable writes per fdatasync %.1f;"
+             " normal spill then one fdatasync %.2f GB/s (durable at %.2f of it)",
+             r.direct ? "O_DIRECT" : "BUFFERED (O_DIRECT refused)", rounds, d_mid.cpu_per_gb, n_mid.cpu_per_gb,
+             ds.syncs ? (double)ds.writes / (double)ds.syncs : 0.0, s_mid.gbs,
+             s_mid.gbs > 0 ? d_mid.gbs / s_mid.gbs : 0.0);
     kvt_bench_row_detail(rows, detail);
   }
   free_run(&r);

@@ -1,8 +1,8 @@
 /* The disk store through both backends: byte-exact round trips, checksums
  * catching flipped bytes and torn records (at read and at recovery),
  * persistence across reopen, namespace/geometry mismatch, tombstones, seq
- * order, and injected EIO / ENOSPC / short writes failing only their own
- * request. */
+ * order, injected EIO / ENOSPC / short writes failing only their own
+ * request, and durable mode's group fdatasync before a write's done(). */
 #include "helpers.h"
 
 #include <errno.h>
@@ -639,6 +639,149 @@ static void test_batches_fail_only_bad_entries(void **state) {
   free(w);
 }
 
+/* ---- durable mode ---- */
+
+/* Reopens the fixture's file as a durable store. */
+static void reopen_durable(fx *f) {
+  kvt__disk_close(f->d);
+  kvt__disk_cfg c = cfg_of(f, NS1);
+  c.durable = 1;
+  assert_int_equal(kvt__disk_open(&c, &f->d), 0);
+  uint64_t discarded;
+  recover(f, &discarded);
+}
+
+/* What the sync hook and done() see: ops handed to fdatasync so far, and
+ * done() calls so far. */
+typedef struct sync_watch {
+  atomic_int synced, done, syncs, bad, fail_left;
+  atomic_int done_at_sync[64];
+} sync_watch;
+
+static sync_watch g_sw;
+
+static int sync_hook(void *ctx, int site, int64_t arg) {
+  sync_watch *w = ctx;
+  if (site != KVT_FAULT_DISK_SYNC) return 0;
+  int k = atomic_fetch_add(&w->syncs, 1);
+  int done = atomic_load(&w->done);
+  if (k < 64) atomic_store(&w->done_at_sync[k], done);
+  /* Every op of the groups before this one has had its done() by now (the
+   * same thread ran them), and none of this group's. */
+  if (done != atomic_load(&w->synced)) atomic_store(&w->bad, 1);
+  atomic_fetch_add(&w->synced, (int)arg);
+  return atomic_fetch_sub(&w->fail_left, 1) > 0 ? -EIO : 0;
+}
+
+static void sync_checked_done(void *arg, int status) {
+  /* This op's own group went through the hook before its done(). */
+  if (atomic_fetch_add(&g_sw.done, 1) + 1 > atomic_load(&g_sw.synced)) atomic_store(&g_sw.bad, 1);
+  on_done(arg, status);
+}
+
+static void write_group(fx *f, waiter *w, uint32_t n, uint64_t seed) {
+  for (uint32_t i = 0; i < n; i++) make_rec(host(f, i), seed + i);
+  for (uint32_t i = 0; i < n; i++) {
+    g_ws[i] = (wslot){w, (int)i};
+    pthread_mutex_lock(&w->m);
+    w->pending++;
+    pthread_mutex_unlock(&w->m);
+    assert_int_equal(kvt__disk_write(f->d, i, host(f, i), sync_checked_done, &g_ws[i]), 0);
+  }
+  waiter_wait(w);
+}
+
+/* Durable: each write's done() comes after an fdatasync that the write's
+ * completion preceded; completions that meet one group share one sync.
+ * Tombstones too. Normal mode never syncs. */
+static void test_durable_write_is_synced_before_done(void **state) {
+  fx *f = *state;
+  memset(&g_sw, 0, sizeof g_sw);
+  kvt__fault_set(sync_hook, &g_sw);
+  waiter *w = waiter_new();
+  write_group(f, w, 8, 300); /* normal mode */
+  kvt__disk_stats st;
+  kvt__disk_get_stats(f->d, &st);
+  assert_int_equal(st.syncs, 0);
+  assert_int_equal(atomic_load(&g_sw.syncs), 0);
+  assert_int_equal(kvt__disk_invalidate(f->d, 7), 0);
+  kvt__disk_get_stats(f->d, &st);
+  assert_int_equal(st.syncs, 0);
+
+  reopen_durable(f);
+  kvt__disk_info in;
+  kvt__disk_get_info(f->d, &in);
+  assert_int_equal(in.ops, 16); /* writes waiting for a sync get headroom */
+  memset(&g_sw, 0, sizeof g_sw);
+  free(w);
+  w = waiter_new();
+  write_group(f, w, 8, 400);
+  for (int i = 0; i < 8; i++) assert_int_equal(w->status[i], 0);
+  assert_int_equal(atomic_load(&g_sw.bad), 0);
+  assert_int_equal(atomic_load(&g_sw.synced), 8);
+  kvt__disk_get_stats(f->d, &st);
+  print_message("8 durable writes: %llu fdatasync calls\n", (unsigned long long)st.syncs);
+  assert_true(st.syncs >= 1 && st.syncs <= 8);
+  assert_int_equal(st.syncs, (uint64_t)atomic_load(&g_sw.syncs));
+  assert_int_equal(st.writes, 8);
+  assert_int_equal(st.io_errors, 0);
+  uint64_t before = st.syncs;
+  assert_int_equal(kvt__disk_invalidate(f->d, 7), 0);
+  kvt__disk_get_stats(f->d, &st);
+  assert_int_equal(st.syncs, before + 1);
+  assert_int_equal(st.invalidates, 1);
+  kvt__fault_set(NULL, NULL);
+  for (uint32_t i = 0; i < 7; i++) assert_int_equal(read_sync(f, i, 400 + i), 0);
+  assert_int_equal(read_sync(f, 7, 407), KVT_EMISMATCH);
+  kvt__disk_get_stats(f->d, &st);
+  assert_int_equal(st.syncs, before + 1); /* reads never sync */
+  /* What was synced is there after a reopen. */
+  kvt__disk_close(f->d);
+  kvt__disk_cfg c = cfg_of(f, NS1);
+  c.durable = 1;
+  assert_int_equal(kvt__disk_open(&c, &f->d), 0);
+  found r = recover(f, NULL);
+  assert_int_equal(r.n, 7);
+  for (uint32_t i = 0; i < 7; i++) assert_true(found_slot(&r, i, 400 + i));
+  free(w);
+}
+
+/* A failed fdatasync fails every write of its group with its error (each
+ * counted as an I/O error, none as written); the slots take new writes,
+ * and the store syncs again. */
+static void test_durable_failed_sync_fails_its_group(void **state) {
+  fx *f = *state;
+  reopen_durable(f);
+  memset(&g_sw, 0, sizeof g_sw);
+  atomic_store(&g_sw.fail_left, 1);
+  kvt__fault_set(sync_hook, &g_sw);
+  waiter *w = waiter_new();
+  write_group(f, w, 8, 500);
+  kvt__fault_set(NULL, NULL);
+  assert_int_equal(atomic_load(&g_sw.bad), 0);
+  int n_failed = 0;
+  for (int i = 0; i < 8; i++) {
+    assert_true(w->status[i] == 0 || w->status[i] == -EIO);
+    n_failed += w->status[i] != 0;
+  }
+  /* The first group failed: it held at least one write, and only it. */
+  int first = atomic_load(&g_sw.syncs) > 1 ? atomic_load(&g_sw.done_at_sync[1]) : 8;
+  assert_true(n_failed >= 1);
+  assert_int_equal(n_failed, first);
+  kvt__disk_stats st;
+  kvt__disk_get_stats(f->d, &st);
+  assert_int_equal(st.io_errors, (uint64_t)n_failed);
+  assert_int_equal(st.writes, (uint64_t)(8 - n_failed));
+  for (uint32_t i = 0; i < 8; i++)
+    if (w->status[i] != 0) {
+      assert_int_equal(write_sync(f, i, 600 + i), 0);
+      assert_int_equal(read_sync(f, i, 600 + i), 0);
+    } else {
+      assert_int_equal(read_sync(f, i, 500 + i), 0);
+    }
+  free(w);
+}
+
 /* ---- checksum threads ---- */
 
 /* Reopens the fixture as a fresh store of BIG_PAYLOAD records (hashed on
@@ -985,6 +1128,7 @@ static int run_suite(const char *name) {
       CASE(test_try_batch_never_waits), CASE(test_hashed_records_get_headroom),
       CASE(test_small_records_get_no_headroom), CASE(test_default_checksum_threads),
       CASE(test_eio_on_one_read_of_a_full_hashed_queue),
+      CASE(test_durable_write_is_synced_before_done), CASE(test_durable_failed_sync_fails_its_group),
   };
   return _cmocka_run_group_tests(name, tests, sizeof tests / sizeof tests[0], NULL, NULL);
 }

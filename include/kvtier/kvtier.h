@@ -224,10 +224,13 @@ typedef struct kvt_config {
    *   Such blocks survive a process crash or kill with the same path and
    *   namespace. By default records are not flushed from the OS's cache:
    *   after a power loss or kernel crash recent blocks may be missing (never
-   *   wrong: every record is checksummed). disk_durable = 1 opens the file
-   *   O_DSYNC, so a write completes only once it is on stable storage and
-   *   completed blocks survive power loss too (at a cost in spill throughput
-   *   that depends on the drive). Blocks only in RAM survive nothing. */
+   *   wrong: every record is checksummed). With disk_durable = 1 a block
+   *   counts as on disk only after an fdatasync that followed its record
+   *   write completed (writes completing together share one): such blocks
+   *   survive power loss too, at a cost in spill throughput that depends
+   *   on the drive. A failed fdatasync fails every spill it covered (I/O
+   *   errors; the blocks are dropped, recomputed when next asked for).
+   *   Blocks only in RAM survive nothing. */
   const char *disk_path;     /* file or block device; NULL = no disk tier */
   uint64_t disk_blocks;      /* record slots on disk */
   uint32_t disk_queue_depth; /* in-flight I/Os (32; 1..4096, checked by kvt_open) */
@@ -241,8 +244,9 @@ typedef struct kvt_config {
   uint32_t max_job_blocks;   /* blocks one transfer may carry (8192) */
 
   /* Appended after the first version (KVT_CONFIG_SIZE_V1). */
-  int disk_durable;          /* 1: a block counts as on disk only once it is on stable
-                                storage (the file is opened O_DSYNC) (0) */
+  int disk_durable;          /* 1: a block counts as on disk only after an fdatasync
+                                that followed its write completed: it survives
+                                power loss (0) */
   /* The log hook (see kvt_set_log_handler). log_fn NULL: the process-wide
    * handler, else stderr. It may be called from kvtier's threads. */
   kvt_log_fn log_fn;         /* (NULL) */

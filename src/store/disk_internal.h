@@ -29,6 +29,9 @@
  * under the store without verification; with a whole queue depth, 45-58
  * of 64 stay at the disk and fetches and spills matched raw io_uring. */
 #define KVT_DISK_HASH_HEADROOM_MUL 1u
+/* Durable mode: writes that landed keep their ops until the fdatasync of
+ * their group returns, out of the ring as well, so the store holds another
+ * queue_depth ops and the disk keeps queue_depth I/Os while a group syncs. */
 
 enum { OP_WRITE = 1, OP_READ, OP_TOMB };
 
@@ -92,6 +95,20 @@ struct kvt__disk {
   int handoff;              /* slot_bytes >= KVT_DISK_HANDOFF_BYTES */
   int hq_stop;
   pthread_t hashers[KVT_DISK_MAX_HASHERS];
+
+  /* Durable mode: writes and tombstones whose I/O completed wait here for
+   * the sync thread, which covers everything queued with one fdatasync and
+   * only then finishes them (group commit: while one fdatasync runs, the
+   * next group gathers). Their ops and slots stay held until then. */
+  pthread_mutex_t sq_lock;  /* guards sq, sq_count, sq_stop */
+  pthread_cond_t sq_cond;   /* an op was queued, or sq_stop */
+  disk_op **sq;             /* depth entries: no more ops exist */
+  disk_op **sq_reap;        /* the reaper's: synced ops of one reaped batch */
+  disk_op **sq_group;       /* the sync thread's: the group being synced */
+  disk_fin *sq_fin;
+  uint32_t sq_count;
+  int sq_stop, syncer_started;
+  pthread_t syncer;
   pthread_mutex_t sub_lock; /* one submission at a time (backends serialise
                                them anyway); keeps fault hooks' calls ordered */
 
@@ -99,7 +116,7 @@ struct kvt__disk {
   atomic_uint_fast64_t next_seq;
   struct {
     atomic_uint_fast64_t writes, reads, invalidates, bytes_written, bytes_read;
-    atomic_uint_fast64_t checksum_failures, mismatches, io_errors, retries;
+    atomic_uint_fast64_t checksum_failures, mismatches, io_errors, retries, syncs;
   } st;
 
   /* Open-time recovery results, handed out once by kvt__disk_recover. */
@@ -111,7 +128,7 @@ struct kvt__disk {
   /* Open-time state (disk_recover.c). */
   const char *path;         /* cfg's, valid during kvt__disk_open only */
   int created;              /* open created the file: a failed open removes it */
-  int durable;              /* O_DSYNC: a completed write is on stable storage */
+  int durable;              /* a write finishes only after an fdatasync that followed it */
   uint64_t scan_slots;      /* slots the file holds now (differs from slots on a resize) */
   uint32_t dio_align;       /* smallest direct read the file accepts (512 or 4096) */
   int fresh_start;          /* the superblock was damaged (or a device held another namespace) */

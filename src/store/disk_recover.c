@@ -304,6 +304,8 @@ static int tombstone_all(kvt__disk *d, const uint64_t *kill, uint64_t n) {
   t.slots = kill;
   t.on_done = tomb_done;
   if (rc == 0 && n) rc = run_pass(d, &t);
+  /* Durable mode: the emptied slots stay empty through a power loss. */
+  if (rc == 0 && n && d->durable && fdatasync(d->fd) < 0) rc = -errno;
   pass_free(&t);
   return rc;
 }

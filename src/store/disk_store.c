@@ -1,5 +1,6 @@
 /* The disk store's runtime: open/close, the op pool, the reaper thread, the
- * checksum threads and the write/read/invalidate paths. Open-time work
+ * checksum threads, the sync thread (durable mode) and the
+ * write/read/invalidate paths. Open-time work
  * lives in disk_recover.c. Hot paths take an op from a free list set up at
  * open; nothing allocates.
  *
@@ -8,7 +9,7 @@
  * caller nor the reaper ever hashes a large payload in series with the
  * ring; smaller ones are hashed in place, where a thread handoff would cost
  * more than the hash. An op is in exactly one place at a time (caller,
- * backend, reaper, checksum queue), and there are queue_depth of them
+ * backend, reaper, checksum queue, sync queue), and there are queue_depth of them
  * (twice that for records hashed on the checksum threads). */
 #include <errno.h>
 #include <fcntl.h>
@@ -20,6 +21,7 @@
 #include <unistd.h>
 
 #include "store/disk_internal.h"
+#include "util/fault.h"
 
 #define DEFAULT_QUEUE_DEPTH 32u
 #define REAP_TIMEOUT_NS 200000000 /* wake to re-check stop and deferred SQ flushes */
@@ -27,7 +29,7 @@
 
 /* ---- op pool ---- */
 
-/* The store whose reaper or checksum thread is running on this thread, if any. */
+/* The store whose reaper, checksum or sync thread is running on this thread, if any. */
 static _Thread_local const kvt__disk *tl_completing;
 
 /* Takes a free op; with `wait`, waits while all are in flight. The threads
@@ -257,7 +259,7 @@ static int op_status(kvt__disk *d, disk_op *op, int res) {
     atomic_fetch_add(&d->st.io_errors, 1);
     return res < 0 ? res : -EIO; /* short: O_DIRECT remainders are unaligned, so not retried */
   }
-  if (op->kind != OP_READ) count_ok(d, op);
+  if (op->kind != OP_READ && !d->durable) count_ok(d, op); /* durable: once synced */
   return 0;
 }
 
@@ -293,11 +295,63 @@ static void *hasher_main(void *arg) {
   return NULL;
 }
 
-/* One reaped batch: landed reads go to the checksum threads; the rest gets
- * its status here, the ops go back in one critical section, then done()
- * runs with no lock held and the slots already reusable. */
+/* ---- the sync thread (durable mode) ---- */
+
+/* Hands completed writes to the sync thread in one critical section. */
+static void sq_push(kvt__disk *d, disk_op *const *ops, uint32_t n) {
+  if (!n) return;
+  pthread_mutex_lock(&d->sq_lock);
+  memcpy(d->sq + d->sq_count, ops, n * sizeof *ops);
+  d->sq_count += n;
+  pthread_cond_signal(&d->sq_cond);
+  pthread_mutex_unlock(&d->sq_lock);
+}
+
+/* Takes everything queued into sq_group; 0 once the store stops and the
+ * queue is empty. */
+static uint32_t sq_take(kvt__disk *d) {
+  pthread_mutex_lock(&d->sq_lock);
+  while (!d->sq_count && !d->sq_stop) pthread_cond_wait(&d->sq_cond, &d->sq_lock);
+  uint32_t n = d->sq_count;
+  memcpy(d->sq_group, d->sq, n * sizeof *d->sq);
+  d->sq_count = 0;
+  pthread_mutex_unlock(&d->sq_lock);
+  return n;
+}
+
+/* One fdatasync for a whole group of completed writes and tombstones, then
+ * each finishes as complete_batch finishes the rest: ops back in one
+ * critical section, done() with no lock held. A failed fdatasync fails
+ * every op of the group: none of them counts as on disk. */
+static void sync_group(kvt__disk *d, uint32_t n) {
+  int rc = kvt__fault_check(KVT_FAULT_DISK_SYNC, n);
+  if (rc == 0 && fdatasync(d->fd) < 0) rc = -errno;
+  atomic_fetch_add(&d->st.syncs, 1);
+  for (uint32_t j = 0; j < n; j++) {
+    disk_op *op = d->sq_group[j];
+    if (rc == 0) count_ok(d, op);
+    else atomic_fetch_add(&d->st.io_errors, 1);
+    d->sq_fin[j] = (disk_fin){op->done, op->arg, rc};
+    slot_release(d, op->slot);
+  }
+  op_put_many(d, d->sq_group, n);
+  for (uint32_t j = 0; j < n; j++) d->sq_fin[j].done(d->sq_fin[j].arg, d->sq_fin[j].status);
+}
+
+static void *syncer_main(void *arg) {
+  kvt__disk *d = arg;
+  tl_completing = d;
+  uint32_t n;
+  while ((n = sq_take(d)) != 0) sync_group(d, n);
+  return NULL;
+}
+
+/* One reaped batch: landed reads go to the checksum threads, completed
+ * writes of a durable store to the sync thread; the rest gets its status
+ * here, the ops go back in one critical section, then done() runs with no
+ * lock held and the slots already reusable. */
 static void complete_batch(kvt__disk *d, const kvt_io_cqe *cqes, int n) {
-  uint32_t k = 0, nv = 0;
+  uint32_t k = 0, nv = 0, ns = 0;
   for (int i = 0; i < n; i++) {
     disk_op *op = cqes[i].user;
     int status = op_status(d, op, cqes[i].res);
@@ -306,12 +360,17 @@ static void complete_batch(kvt__disk *d, const kvt_io_cqe *cqes, int n) {
       d->hbatch[nv++] = op;
       continue;
     }
+    if (status == 0 && op->kind != OP_READ && d->durable) {
+      d->sq_reap[ns++] = op;
+      continue;
+    }
     if (status == 0 && op->kind == OP_READ) status = read_status(d, op);
     d->fin[k] = (disk_fin){op->done, op->arg, status};
     d->fin_ops[k++] = op;
     slot_release(d, op->slot);
   }
   hq_push(d, d->hbatch, nv);
+  sq_push(d, d->sq_reap, ns);
   op_put_many(d, d->fin_ops, k);
   for (uint32_t j = 0; j < k; j++) d->fin[j].done(d->fin[j].arg, d->fin[j].status);
 }
@@ -345,7 +404,8 @@ static uint32_t auto_hashers(void) {
   return n < 2 ? 2u : n > 4 ? 4u : (uint32_t)n;
 }
 
-/* Checksum threads first: the reaper hands them reads as soon as it runs. */
+/* Checksum and sync threads first: the reaper hands them ops as soon as it
+ * runs. */
 static int start_threads(kvt__disk *d, uint32_t want) {
   want = !d->handoff ? 0 : want ? want : auto_hashers();
   if (want > KVT_DISK_MAX_HASHERS) want = KVT_DISK_MAX_HASHERS;
@@ -353,14 +413,25 @@ static int start_threads(kvt__disk *d, uint32_t want) {
     int rc = pthread_create(&d->hashers[d->n_hashers], NULL, hasher_main, d);
     if (rc) return -rc;
   }
+  if (d->durable) {
+    int rc = pthread_create(&d->syncer, NULL, syncer_main, d);
+    if (rc) return -rc;
+    d->syncer_started = 1;
+  }
   int rc = pthread_create(&d->reaper, NULL, reaper_main, d);
   d->reaper_started = rc == 0;
   return -rc;
 }
 
-/* After the last op came back: the reaper ends, then the checksum threads. */
+/* After the last op came back: the reaper ends, then the sync thread, then
+ * the checksum threads. */
 static void stop_threads(kvt__disk *d) {
   if (d->reaper_started) pthread_join(d->reaper, NULL);
+  pthread_mutex_lock(&d->sq_lock);
+  d->sq_stop = 1;
+  pthread_cond_broadcast(&d->sq_cond);
+  pthread_mutex_unlock(&d->sq_lock);
+  if (d->syncer_started) pthread_join(d->syncer, NULL);
   pthread_mutex_lock(&d->hq_lock);
   d->hq_stop = 1;
   pthread_cond_broadcast(&d->hq_cond);
@@ -478,7 +549,7 @@ void kvt__disk_get_stats(const kvt__disk *d, kvt__disk_stats *s) {
       atomic_load(&m->st.writes), atomic_load(&m->st.reads), atomic_load(&m->st.invalidates),
       atomic_load(&m->st.bytes_written), atomic_load(&m->st.bytes_read),
       atomic_load(&m->st.checksum_failures), atomic_load(&m->st.mismatches),
-      atomic_load(&m->st.io_errors), atomic_load(&m->st.retries), d->n_found_total, d->discarded,
+      atomic_load(&m->st.io_errors), atomic_load(&m->st.retries), atomic_load(&m->st.syncs), d->n_found_total, d->discarded,
       d->superseded, (uint64_t)d->fresh_start, d->resize_moved, d->resize_dropped, d->recover_bytes};
 }
 
@@ -493,10 +564,11 @@ static int open_mode(const char *path, int flags, int *created) {
   return fd;
 }
 
-/* O_DIRECT where the filesystem allows it (tmpfs refuses with EINVAL);
- * O_DSYNC in durable mode. */
+/* O_DIRECT where the filesystem allows it (tmpfs refuses with EINVAL).
+ * Durable mode does not open O_DSYNC (one flush per write): the sync
+ * thread covers groups of completed writes with one fdatasync each. */
 static int open_file(kvt__disk *d, const char *path) {
-  int flags = O_RDWR | O_CLOEXEC | (d->durable ? O_DSYNC : 0);
+  int flags = O_RDWR | O_CLOEXEC;
   d->direct = 1;
   d->fd = open_mode(path, flags | O_DIRECT, &d->created);
   if (d->fd < 0 && errno == EINVAL) {
@@ -536,6 +608,13 @@ static int alloc_runtime(kvt__disk *d) {
   d->zero_page = aligned_alloc(4096, KVT_DISK_SUPER_BYTES);
   d->hq = calloc(d->depth, sizeof *d->hq);
   d->hbatch = calloc(d->depth, sizeof *d->hbatch);
+  if (d->durable) {
+    d->sq = calloc(d->depth, sizeof *d->sq);
+    d->sq_reap = calloc(d->depth, sizeof *d->sq_reap);
+    d->sq_group = calloc(d->depth, sizeof *d->sq_group);
+    d->sq_fin = calloc(d->depth, sizeof *d->sq_fin);
+    if (!d->sq || !d->sq_reap || !d->sq_group || !d->sq_fin) return -ENOMEM;
+  }
   if (!d->ops || !d->free_ops || !d->cqes || !d->fin || !d->fin_ops || !d->busy || !d->zero_page) return -ENOMEM;
   if (!d->hq || !d->hbatch) return -ENOMEM;
   memset(d->zero_page, 0, KVT_DISK_SUPER_BYTES);
@@ -556,7 +635,8 @@ static kvt__disk *disk_new(const kvt__disk_cfg *c) {
   d->data_off = KVT_DISK_SUPER_BYTES;
   d->ns = c->ns;
   d->queue_depth = c->queue_depth ? c->queue_depth : DEFAULT_QUEUE_DEPTH;
-  d->depth = d->queue_depth + (d->handoff ? d->queue_depth * KVT_DISK_HASH_HEADROOM_MUL : 0);
+  d->depth = d->queue_depth + (d->handoff ? d->queue_depth * KVT_DISK_HASH_HEADROOM_MUL : 0) +
+             (c->durable ? d->queue_depth : 0);
   d->bufs = c->bufs;
   d->buf_lens = c->buf_lens;
   d->n_bufs = c->n_bufs;
@@ -571,6 +651,8 @@ static kvt__disk *disk_new(const kvt__disk_cfg *c) {
   pthread_mutex_init(&d->hq_lock, NULL);
   pthread_mutex_init(&d->sub_lock, NULL);
   pthread_cond_init(&d->hq_cond, NULL);
+  pthread_mutex_init(&d->sq_lock, NULL);
+  pthread_cond_init(&d->sq_cond, NULL);
   atomic_init(&d->next_seq, 1);
   return d;
 }
@@ -636,6 +718,12 @@ void kvt__disk_close(kvt__disk *d) {
   pthread_mutex_destroy(&d->hq_lock);
   pthread_mutex_destroy(&d->sub_lock);
   pthread_cond_destroy(&d->hq_cond);
+  pthread_mutex_destroy(&d->sq_lock);
+  pthread_cond_destroy(&d->sq_cond);
+  free(d->sq);
+  free(d->sq_reap);
+  free(d->sq_group);
+  free(d->sq_fin);
   free(d->hq);
   free(d->hbatch);
   free(d->ops);

@@ -82,7 +82,10 @@ typedef struct kvt__disk_cfg {
   int recover_headers_only;  /* 1: recovery reads each slot's header and tokens
                                 only (fast on huge files); payloads are still
                                 verified on read */
-  int durable;               /* 1: O_DSYNC, a completed write survives power loss */
+  int durable;               /* 1: a write or tombstone reports done() only after an
+                                fdatasync issued after its I/O completed returned
+                                (one per group of completions): it survives power
+                                loss; a failed fdatasync fails the whole group */
   char *detail;              /* optional: why an open failed, in words */
   size_t detail_len;
   uint32_t checksum_threads; /* threads that seal writes and verify reads of
@@ -164,8 +167,9 @@ typedef struct kvt__disk_info {
   uint64_t slots, slot_bytes, data_offset;
   uint32_t checksum_threads; /* threads sealing writes and verifying reads */
   uint32_t queue_depth;      /* as configured (or the default) */
-  uint32_t ops;              /* operations in flight at most: queue_depth, twice that
-                                when records are hashed on the checksum threads */
+  uint32_t ops;              /* operations in flight at most: queue_depth, plus as many
+                                again when records are hashed on the checksum threads,
+                                and again in durable mode (writes waiting for a sync) */
 } kvt__disk_info;
 
 typedef struct kvt__disk_stats {
@@ -175,6 +179,8 @@ typedef struct kvt__disk_stats {
   uint64_t mismatches;                        /* reads failing KVT_EMISMATCH */
   uint64_t io_errors;                         /* -errno or short, at submit or completion */
   uint64_t retries;                           /* EAGAIN/EINTR completions resubmitted */
+  uint64_t syncs;                             /* durable mode: fdatasync calls, one per
+                                                 group of completed writes (failed ones too) */
   uint64_t recovered, discarded, superseded;  /* at open */
   uint64_t fresh_starts;                      /* at open: damaged superblock, started empty */
   uint64_t resize_moved, resize_dropped;      /* at open after a slot count change */

@@ -18,6 +18,9 @@ typedef enum kvt__fault_site {
   KVT_FAULT_PIN,              /* pinning of host memory (CUDA) */
   KVT_FAULT_ALLOC,            /* an engine allocation (arg: KVT_ALLOC_*) */
   KVT_FAULT_PREALLOC,         /* disk file preallocation (arg: bytes wanted) */
+  KVT_FAULT_DISK_SYNC,        /* durable mode's fdatasync of a group of completed
+                                 writes, just before it (arg: ops in the group):
+                                 -errno fails it without calling fdatasync */
   KVT_FAULT_SITE_COUNT
 } kvt__fault_site;
 
