@@ -248,19 +248,16 @@ static int alloc_tables(kvt_cache *c) {
   c->dev_has_tokens = calloc(n, 1);
   c->reqs = calloc(c->cfg.max_requests, sizeof *c->reqs);
   c->req_free = calloc(c->cfg.max_requests, sizeof *c->req_free);
-  c->refs_cap = 2 * n + 64;
-  c->refs = calloc(c->refs_cap, sizeof *c->refs);
-  c->ref_used = calloc(c->refs_cap, 1);
   c->scratch_tiers = calloc(m, 1);
   c->scratch_entries = calloc(m, sizeof *c->scratch_entries);
-  if (!c->dev_tokens || !c->dev_has_tokens || !c->reqs || !c->req_free || !c->refs || !c->ref_used ||
-      !c->scratch_tiers || !c->scratch_entries)
+  if (!c->dev_tokens || !c->dev_has_tokens || !c->reqs || !c->req_free || !c->scratch_tiers || !c->scratch_entries)
     return -ENOMEM;
   for (uint32_t i = 0; i < c->cfg.max_requests; i++) {
     c->req_free[c->n_req_free++] = c->cfg.max_requests - 1 - i;
     c->reqs[i].gen = c->salt + i * 0x9e3779b9u;
   }
-  return kvt__jobs_init(c);
+  int rc2 = kvt__refs_init(c);
+  return rc2 ? rc2 : kvt__jobs_init(c);
 }
 
 typedef struct recovery {
@@ -410,8 +407,7 @@ void kvt_close(kvt_cache *c) {
   free(c->dev_has_tokens);
   free(c->reqs);
   free(c->req_free);
-  free(c->refs);
-  free(c->ref_used);
+  kvt__refs_fini(c);
   free(c->scratch_tiers);
   free(c->scratch_entries);
   free(c->segments);
@@ -477,7 +473,7 @@ int kvt_get_stats(kvt_cache *c, kvt_stats *out) {
   st.resident_disk = c->cap[2] - c->slots[2].n_free;
   st.metadata_bytes = kvt__index_bytes(&c->map) + (size_t)c->cfg.max_jobs * c->cfg.max_job_blocks *
                       (sizeof(kvt__op) + sizeof(uint32_t) + sizeof(void *)) +
-                      (size_t)c->refs_cap * (sizeof(kvt__ref) + 1) +
+                      kvt__refs_bytes(c) +
                       (size_t)c->cfg.max_requests * (sizeof(kvt__request) + sizeof(uint32_t)) +
                       (size_t)c->cfg.max_jobs * (sizeof(kvt__job) + 2 * sizeof(uint32_t));
   pthread_mutex_unlock(&c->lock);

@@ -67,12 +67,22 @@ typedef struct kvt__ref {
   uint8_t failed; /* its load failed (kvt_request_block_states) */
 } kvt__ref;
 
+/* Refs come in chunks (refs.c); a ref id is chunk * KVT__REF_CHUNK + offset. */
+#define KVT__REF_CHUNK 32u
+#define KVT__SLAB_SHIFT 6u
+#define KVT__SLAB_CHUNKS (1u << KVT__SLAB_SHIFT)
+
+typedef struct kvt__ref_chunk {
+  kvt__ref r[KVT__REF_CHUNK];
+  uint32_t next, prev; /* the request's chunk list, or the free list (next) */
+} kvt__ref_chunk;
+
 typedef struct kvt__request {
   uint32_t gen;
   uint8_t busy;
   uint32_t n_blocks, n_extra, n_restore, n_committed;
   uint32_t job;   /* load job in flight, or KVT__NONE */
-  uint32_t ref0;  /* first ref in c->refs (a contiguous run) */
+  uint32_t chunk0, chunk_last; /* the request's ref chunks, first and last */
   kvt_key parent; /* key before block 0: the namespace, or kvt_acquire_after's parent */
 } kvt__request;
 
@@ -112,9 +122,9 @@ struct kvt_cache {
   kvt__request *reqs;
   uint32_t *req_free;
   uint32_t n_req_free;
-  kvt__ref *refs;          /* ref arena: requests take contiguous runs */
-  uint32_t refs_cap;
-  uint8_t *ref_used;       /* per ref: 1 in use (first-fit over runs) */
+  kvt__ref_chunk **ref_slabs; /* request refs: slabs of KVT__SLAB_CHUNKS chunks */
+  uint32_t n_ref_slabs, ref_slabs_cap;
+  uint32_t chunk_free, n_chunk_free; /* free chunk list */
   uint8_t *scratch_tiers;  /* planner scratch, max_job_blocks */
   uint32_t *scratch_entries; /* commit scratch, max_job_blocks */
 
@@ -143,6 +153,16 @@ void kvt__flush_submits(kvt_cache *c);           /* lock NOT held */
 int kvt__jobs_init(kvt_cache *c);
 void kvt__jobs_fini(kvt_cache *c);
 
+/* refs.c: request references, c->lock held. */
+int kvt__refs_init(kvt_cache *c);
+void kvt__refs_fini(kvt_cache *c);
+size_t kvt__refs_bytes(const kvt_cache *c);
+/* Chunks for n refs (grows the pool if it must): 0 or -ENOMEM. */
+int kvt__refs_alloc(kvt_cache *c, uint32_t n, uint32_t *first_chunk, uint32_t *last_chunk);
+void kvt__refs_free(kvt_cache *c, uint32_t first_chunk, uint32_t last_chunk, uint32_t n);
+/* Id of ref i of the list starting at first_chunk: O(i / KVT__REF_CHUNK). */
+uint32_t kvt__ref_id(const kvt_cache *c, uint32_t first_chunk, uint32_t i);
+
 /* evict.c: called with c->lock held. */
 int kvt__make_room(kvt_cache *c, int tier, uint32_t need, int may_wait);
 void kvt__drop_tier(kvt_cache *c, uint32_t e, int tier);
@@ -157,6 +177,25 @@ int kvt__check_invariants(kvt_cache *c, char *msg, size_t len);
 static inline int kvt__forked(const kvt_cache *c) { return c->fork_gen != kvt__fork_gen(); }
 
 static inline kvt__entry *kvt__E(kvt_cache *c, uint32_t e) { return &c->map.entries[e]; }
+static inline kvt__ref_chunk *kvt__chunk(const kvt_cache *c, uint32_t ch) {
+  return &c->ref_slabs[ch >> KVT__SLAB_SHIFT][ch & (KVT__SLAB_CHUNKS - 1)];
+}
+static inline kvt__ref *kvt__ref_at(const kvt_cache *c, uint32_t id) {
+  return &kvt__chunk(c, id / KVT__REF_CHUNK)->r[id % KVT__REF_CHUNK];
+}
+/* The ref after / before id in its request (KVT__NONE past either end). */
+static inline uint32_t kvt__ref_next(const kvt_cache *c, uint32_t id) {
+  if (id % KVT__REF_CHUNK != KVT__REF_CHUNK - 1) return id + 1;
+  uint32_t ch = kvt__chunk(c, id / KVT__REF_CHUNK)->next;
+  return ch == KVT__NONE ? KVT__NONE : ch * KVT__REF_CHUNK;
+}
+static inline uint32_t kvt__ref_prev(const kvt_cache *c, uint32_t id) {
+  if (id % KVT__REF_CHUNK) return id - 1;
+  uint32_t ch = kvt__chunk(c, id / KVT__REF_CHUNK)->prev;
+  return ch == KVT__NONE ? KVT__NONE : ch * KVT__REF_CHUNK + KVT__REF_CHUNK - 1;
+}
+static inline uint32_t kvt__req_ref0(const kvt__request *rq) { return rq->chunk0 * KVT__REF_CHUNK; }
+
 static inline int kvt__has_tier(const kvt_cache *c, int t) { return c->cap[t] > 0; }
 
 #endif

@@ -103,7 +103,7 @@ uint32_t kvt__job_from_handle(const kvt_cache *c, kvt_job h) {
 
 static kvt__ref *op_ref(kvt_cache *c, const kvt__job *jb, const kvt__op *op) {
   if (jb->req == KVT__NONE || op->ref == KVT__NONE) return NULL;
-  return &c->refs[c->reqs[jb->req].ref0 + op->ref];
+  return kvt__ref_at(c, op->ref);
 }
 
 /* The request gives up its claim on the entry; its slot becomes private
