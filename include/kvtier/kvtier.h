@@ -215,7 +215,10 @@ typedef struct kvt_config {
 
   /* Capacities of preallocated bookkeeping. */
   uint32_t max_requests;     /* concurrently acquired requests (1024; at most 2^20) */
-  uint32_t max_jobs;         /* transfers in flight, internal ones included (256) */
+  uint32_t max_jobs;         /* job handles (kvt_store, kvt_prefetch) and request loads
+                              * in flight (256); internal work (demotions, spills,
+                              * write-through) has jobs of its own besides. A finished
+                              * job holds only its handle until kvt_job_release */
   uint32_t max_job_blocks;   /* blocks one transfer may carry (8192) */
 
   /* Appended after the first version (KVT_CONFIG_SIZE_V1). */

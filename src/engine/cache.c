@@ -244,13 +244,16 @@ static int alloc_tables(kvt_cache *c) {
   for (int t = 0; rc == 0 && t < KVT__NTIERS; t++) rc = kvt__slots_init(&c->slots[t], (uint32_t)c->cap[t]);
   if (rc) return rc;
   uint32_t n = c->layout.num_slots, m = c->cfg.max_job_blocks;
-  c->dev_tokens = calloc((size_t)n * c->bt, sizeof *c->dev_tokens);
-  c->dev_has_tokens = calloc(n, 1);
+  if (!c->metadata_only) { /* token ids of device copies, for verification */
+    c->dev_tokens = calloc((size_t)n * c->bt, sizeof *c->dev_tokens);
+    c->dev_has_tokens = calloc(n, 1);
+    if (!c->dev_tokens || !c->dev_has_tokens) return -ENOMEM;
+  }
   c->reqs = calloc(c->cfg.max_requests, sizeof *c->reqs);
   c->req_free = calloc(c->cfg.max_requests, sizeof *c->req_free);
   c->scratch_tiers = calloc(m, 1);
   c->scratch_entries = calloc(m, sizeof *c->scratch_entries);
-  if (!c->dev_tokens || !c->dev_has_tokens || !c->reqs || !c->req_free || !c->scratch_tiers || !c->scratch_entries)
+  if (!c->reqs || !c->req_free || !c->scratch_tiers || !c->scratch_entries)
     return -ENOMEM;
   for (uint32_t i = 0; i < c->cfg.max_requests; i++) {
     c->req_free[c->n_req_free++] = c->cfg.max_requests - 1 - i;
@@ -364,7 +367,7 @@ int kvt_register_layout(kvt_cache *c, const kvt_layout *user) {
   if (rc == 0 && !c->metadata_only) rc = open_device(c);
   if (rc < 0 && !c->detail[0]) set_detail(c, "device backend: %s", kvt_strerror(rc));
   if (rc == 0) rc = alloc_tables(c);
-  for (uint32_t j = 0; rc == 0 && !c->metadata_only && j < c->cfg.max_jobs; j++)
+  for (uint32_t j = 0; rc == 0 && !c->metadata_only && j < c->n_jobs; j++)
     rc = kvt__dev_xfer_prepare(&c->dev, &c->jobs[j].xfer);
   if (rc == 0 && !c->metadata_only)
     rc = kvt__host_pool_init(&c->host, &c->dev, c->cap[KVT__T_HOST], c->record_bytes, c->cfg.host_mlock);
@@ -461,6 +464,19 @@ int kvt_keys_from_opaque(const kvt_cache *c, const void *opaque, size_t key_byte
   return 0;
 }
 
+/* Everything allocated for bookkeeping (lock held): the tier map and its
+ * free-slot stacks, device-slot tokens, jobs, handles, requests and their refs. */
+static size_t metadata_bytes(const kvt_cache *c) {
+  size_t b = kvt__index_bytes(&c->map), m = c->cfg.max_job_blocks;
+  for (int t = 0; t < KVT__NTIERS; t++) b += (size_t)c->slots[t].capacity * sizeof(uint32_t);
+  if (c->dev_tokens) b += (size_t)c->cap[KVT__T_DEV] * (c->bt * sizeof(uint32_t) + 1);
+  b += (size_t)c->n_jobs * (sizeof(kvt__job) + 2 * sizeof(uint32_t) +
+                            m * (sizeof(kvt__op) + sizeof(uint32_t) + sizeof(void *)));
+  b += (size_t)c->cfg.max_jobs * (sizeof(kvt__handle) + sizeof(uint32_t));
+  b += (size_t)c->cfg.max_requests * (sizeof(kvt__request) + sizeof(uint32_t)) + kvt__refs_bytes(c);
+  return b + m * (1 + sizeof(uint32_t)); /* planner and commit scratch */
+}
+
 int kvt_get_stats(kvt_cache *c, kvt_stats *out) {
   if (!c || !out) return -EINVAL;
   if (kvt__forked(c)) return KVT_EFORKED;
@@ -471,11 +487,7 @@ int kvt_get_stats(kvt_cache *c, kvt_stats *out) {
   st.resident_device = c->cap[0] - c->slots[0].n_free;
   st.resident_host = c->cap[1] - c->slots[1].n_free;
   st.resident_disk = c->cap[2] - c->slots[2].n_free;
-  st.metadata_bytes = kvt__index_bytes(&c->map) + (size_t)c->cfg.max_jobs * c->cfg.max_job_blocks *
-                      (sizeof(kvt__op) + sizeof(uint32_t) + sizeof(void *)) +
-                      kvt__refs_bytes(c) +
-                      (size_t)c->cfg.max_requests * (sizeof(kvt__request) + sizeof(uint32_t)) +
-                      (size_t)c->cfg.max_jobs * (sizeof(kvt__job) + 2 * sizeof(uint32_t));
+  st.metadata_bytes = metadata_bytes(c);
   pthread_mutex_unlock(&c->lock);
   st.size = sizeof st;
   return kvt__struct_out(out, &st, sizeof st, KVT_STATS_SIZE_V1);

@@ -51,6 +51,7 @@ typedef struct kvt__job {
   uint32_t n_ops, n_fetch; /* LOAD_AFTER: n_fetch of the ops are fetched first */
   uint32_t pending;        /* outstanding disk ops of the current phase */
   uint32_t req;            /* owning request, or KVT__NONE */
+  uint32_t handle;         /* the engine's handle (KVT__JF_USER), or KVT__NONE */
   int64_t t_start;
   uint64_t bytes;
   kvt__op *ops;
@@ -58,6 +59,19 @@ typedef struct kvt__job {
   void **host_blocks;
   kvt_dev_xfer xfer;
 } kvt__job;
+
+/* An engine's job handle: outlives its job, which goes back to the pool
+ * as soon as it finishes (a finished, unreleased handle holds no job). */
+typedef struct kvt__handle {
+  uint32_t gen;
+  uint32_t job; /* while running, else KVT__NONE */
+  int status;
+  uint8_t busy, done;
+} kvt__handle;
+
+/* Jobs kept for internal work (demotions, spills, write-through): engine
+ * handles and request loads never take the last ones. */
+#define KVT__JOBS_RESERVED 2u
 
 typedef struct kvt__ref {
   kvt_key key;
@@ -114,7 +128,10 @@ struct kvt_cache {
 
   kvt__job *jobs;
   uint32_t *job_free;
-  uint32_t n_job_free, inflight;
+  uint32_t n_jobs, n_job_free, inflight; /* n_jobs = max_jobs + KVT__JOBS_RESERVED */
+  kvt__handle *handles;    /* max_jobs engine handles */
+  uint32_t *handle_free;
+  uint32_t n_handle_free;
   uint32_t submitting;     /* library threads inside a submission (kvt_drain waits for them) */
   uint32_t *submitq;       /* jobs started under the lock, submitted after it */
   uint32_t n_submitq;
@@ -139,13 +156,19 @@ struct kvt_cache {
 };
 
 /* jobs.c */
+/* A job from the pool, or KVT__NONE. Engine jobs (KVT__JF_USER, which also
+ * takes a handle) and request loads leave KVT__JOBS_RESERVED for internal work. */
 uint32_t kvt__job_new(kvt_cache *c, int kind, uint32_t flags);
+int kvt__job_available(const kvt_cache *c, int kind, uint32_t flags);
 void kvt__job_free(kvt_cache *c, uint32_t j);
 /* Appends to job j a copy of entry e from tier `from` (pinned there as the
  * source) into slot dst of tier `to` (marked FILLING). Lock held. */
 kvt__op *kvt__job_add_copy(kvt_cache *c, uint32_t j, uint32_t e, int from, int to, uint32_t dst);
 kvt_job kvt__job_handle(const kvt_cache *c, uint32_t j);
+/* The handle slot of h, or KVT__NONE. */
 uint32_t kvt__job_from_handle(const kvt_cache *c, kvt_job h);
+/* Forgets handle slot h: a job still running completes on its own. */
+void kvt__handle_release(kvt_cache *c, uint32_t h);
 void kvt__job_submit(kvt_cache *c, uint32_t j); /* lock NOT held */
 /* With the lock held: submit j once the lock is dropped (kvt__flush_submits). */
 void kvt__queue_submit(kvt_cache *c, uint32_t j);

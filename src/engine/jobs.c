@@ -14,11 +14,19 @@
 #include "util/clock.h"
 
 int kvt__jobs_init(kvt_cache *c) {
-  uint32_t n = c->cfg.max_jobs, m = c->cfg.max_job_blocks;
+  uint32_t n = c->cfg.max_jobs + KVT__JOBS_RESERVED, m = c->cfg.max_job_blocks, nh = c->cfg.max_jobs;
   c->jobs = calloc(n, sizeof *c->jobs);
   c->job_free = calloc(n, sizeof *c->job_free);
   c->submitq = calloc(n, sizeof *c->submitq);
-  if (!c->jobs || !c->job_free || !c->submitq) return -ENOMEM;
+  c->handles = calloc(nh, sizeof *c->handles);
+  c->handle_free = calloc(nh, sizeof *c->handle_free);
+  if (!c->jobs || !c->job_free || !c->submitq || !c->handles || !c->handle_free) return -ENOMEM;
+  c->n_jobs = n;
+  for (uint32_t h = 0; h < nh; h++) {
+    c->handles[h].gen = c->salt + h * 0x9e3779b9u;
+    c->handles[h].job = KVT__NONE;
+    c->handle_free[c->n_handle_free++] = nh - 1 - h;
+  }
   for (uint32_t j = 0; j < n; j++) {
     kvt__job *jb = &c->jobs[j];
     jb->ops = calloc(m, sizeof *jb->ops);
@@ -30,14 +38,18 @@ int kvt__jobs_init(kvt_cache *c) {
     jb->index = j;
     jb->gen = c->salt + j * 0x9e3779b9u;
     jb->req = KVT__NONE;
+    jb->handle = KVT__NONE;
     c->job_free[c->n_job_free++] = n - 1 - j;
   }
   return 0;
 }
 
 void kvt__jobs_fini(kvt_cache *c) {
+  free(c->handles);
+  free(c->handle_free);
+  c->handles = NULL;
   if (!c->jobs) return;
-  for (uint32_t j = 0; j < c->cfg.max_jobs; j++) {
+  for (uint32_t j = 0; j < c->n_jobs; j++) {
     if (c->jobs[j].xfer.backend_data) kvt__dev_xfer_release(&c->dev, &c->jobs[j].xfer);
     free(c->jobs[j].ops);
     free(c->jobs[j].dev_slots);
@@ -49,8 +61,14 @@ void kvt__jobs_fini(kvt_cache *c) {
   c->jobs = NULL;
 }
 
+int kvt__job_available(const kvt_cache *c, int kind, uint32_t flags) {
+  if ((flags & KVT__JF_USER) && c->n_handle_free == 0) return 0;
+  int internal = !(flags & KVT__JF_USER) && kind != KVT__JOB_LOAD;
+  return c->n_job_free > (internal ? 0 : KVT__JOBS_RESERVED);
+}
+
 uint32_t kvt__job_new(kvt_cache *c, int kind, uint32_t flags) {
-  if (!c->n_job_free) return KVT__NONE;
+  if (!kvt__job_available(c, kind, flags)) return KVT__NONE;
   uint32_t j = c->job_free[--c->n_job_free];
   kvt__job *jb = &c->jobs[j];
   jb->gen++;
@@ -63,7 +81,18 @@ uint32_t kvt__job_new(kvt_cache *c, int kind, uint32_t flags) {
   jb->status = 0;
   jb->n_ops = jb->n_fetch = jb->pending = 0;
   jb->req = KVT__NONE;
+  jb->handle = KVT__NONE;
   jb->bytes = 0;
+  if (flags & KVT__JF_USER) {
+    uint32_t h = c->handle_free[--c->n_handle_free];
+    kvt__handle *hd = &c->handles[h];
+    hd->gen++;
+    hd->busy = 1;
+    hd->done = 0;
+    hd->status = 0;
+    hd->job = j;
+    jb->handle = h;
+  }
   return j;
 }
 
@@ -88,15 +117,26 @@ kvt__op *kvt__job_add_copy(kvt_cache *c, uint32_t j, uint32_t e, int from, int t
 }
 
 kvt_job kvt__job_handle(const kvt_cache *c, uint32_t j) {
-  return ((uint64_t)c->jobs[j].gen << 32) | (j + 1);
+  uint32_t h = c->jobs[j].handle;
+  return ((uint64_t)c->handles[h].gen << 32) | (h + 1);
 }
 
-uint32_t kvt__job_from_handle(const kvt_cache *c, kvt_job h) {
-  uint32_t j = (uint32_t)h - 1;
-  if ((uint32_t)h == 0 || j >= c->cfg.max_jobs) return KVT__NONE;
-  const kvt__job *jb = &c->jobs[j];
-  if (!jb->busy || jb->gen != (uint32_t)(h >> 32) || !(jb->flags & KVT__JF_USER)) return KVT__NONE;
-  return j;
+uint32_t kvt__job_from_handle(const kvt_cache *c, kvt_job hv) {
+  uint32_t h = (uint32_t)hv - 1;
+  if ((uint32_t)hv == 0 || h >= c->cfg.max_jobs) return KVT__NONE;
+  const kvt__handle *hd = &c->handles[h];
+  return hd->busy && hd->gen == (uint32_t)(hv >> 32) ? h : KVT__NONE;
+}
+
+void kvt__handle_release(kvt_cache *c, uint32_t h) {
+  kvt__handle *hd = &c->handles[h];
+  if (hd->job != KVT__NONE) { /* detached: it completes and frees itself */
+    c->jobs[hd->job].flags &= ~KVT__JF_USER;
+    c->jobs[hd->job].handle = KVT__NONE;
+  }
+  hd->busy = 0;
+  hd->job = KVT__NONE;
+  c->handle_free[c->n_handle_free++] = h;
 }
 
 /* ---- completion effects (c->lock held) ---- */
@@ -281,7 +321,14 @@ static void finish_job(kvt_cache *c, kvt__job *jb) {
   else if (jb->status) c->st.jobs_failed++;
   jb->done = 1;
   c->inflight--;
-  if (!(jb->flags & KVT__JF_USER) && jb->req == KVT__NONE) kvt__job_free(c, jb->index);
+  if (jb->flags & KVT__JF_USER) { /* the handle keeps the outcome; the job goes back */
+    kvt__handle *hd = &c->handles[jb->handle];
+    hd->done = 1;
+    hd->status = jb->status;
+    hd->job = KVT__NONE;
+    jb->handle = KVT__NONE;
+  }
+  if (jb->req == KVT__NONE) kvt__job_free(c, jb->index);
 }
 
 /* ---- submission (c->lock NOT held) ---- */
