@@ -7,6 +7,7 @@
  * smaller n_ready), never wrong bytes. Tests named regression_* pin
  * library bugs this file found (all fixed). */
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -625,6 +626,52 @@ static void prefetch_read_failure(void **state) {
   close_disk(&f);
 }
 
+/* kvt_acquire never waits for disk reads: with one I/O in flight at most
+ * and the first read's completion held back, a 4-block disk restore
+ * still returns at once (1), and every block lands exact afterwards. A
+ * watchdog opens the gate if kvt_acquire does not return without it. */
+static atomic_int acquire_back;
+
+static void *open_gate_if_stuck(void *arg) {
+  (void)arg;
+  for (int i = 0; i < 20000 && !atomic_load(&acquire_back); i++) usleep(500);
+  if (!atomic_load(&acquire_back)) open_gate();
+  return NULL;
+}
+
+static void acquire_returns_before_disk_reads(void **state) {
+  fixture f;
+  kvt_config cfg = disk_config(4, 32, KVT_WRITE_THROUGH);
+  cfg.disk_queue_depth = 1;
+  fixture_open_cfg(&f, &cfg, 8);
+  world w;
+  fill(&f, &w);
+  close_gate(KVT_FAULT_IO_DELAY_US);
+  atomic_store(&acquire_back, 0);
+  pthread_t wd;
+  assert_int_equal(pthread_create(&wd, NULL, open_gate_if_stuck, NULL), 0);
+  kvt_req r;
+  uint32_t slots[NB], ready = 9;
+  kvt_acquire_info info = {.size = sizeof info};
+  int rc = kvt_acquire(f.c, w.k[0], w.t[0], NB, NB, 0, 0, &r, slots, &info);
+  int held = atomic_load(&gate_closed);
+  atomic_store(&acquire_back, 1);
+  assert_int_equal(rc, 1);
+  assert_int_equal(info.n_from_disk, NB);
+  if (!held) fail_msg("kvt_acquire waited until the gated disk read completed");
+  wait_gate_holds();
+  assert_int_equal(kvt_request_poll(f.c, r, &ready), 1);
+  open_gate();
+  assert_int_equal(pthread_join(wd, NULL), 0);
+  assert_int_equal(kvt_request_wait(f.c, r, -1, &ready), 0);
+  assert_true(disarm() >= 1);
+  assert_int_equal(ready, NB);
+  for (uint32_t i = 0; i < NB; i++) assert_true(fixture_check(&f, slots[i], block_seed(0, i)));
+  assert_int_equal(kvt_release(f.c, r), 0);
+  all_readable(&f, &w);
+  close_disk(&f);
+}
+
 /* Slow disk completions: a request waits (poll says in progress), layers
  * are not ready, commit is refused until the loads land; then exact. */
 static void slow_disk_completions(void **state) {
@@ -741,6 +788,7 @@ int main(void) {
       cmocka_unit_test(transient_errors_are_retried),
       cmocka_unit_test(prefetch_read_failure),
       cmocka_unit_test(slow_disk_completions),
+      cmocka_unit_test(acquire_returns_before_disk_reads),
       cmocka_unit_test(disk_load_copy_failure),
       cmocka_unit_test(corrupt_records_are_counted_misses),
   };

@@ -378,6 +378,12 @@ int kvt_register_layout(kvt_cache *c, const kvt_layout *user) {
     c->register_failed = 1; /* kvt_close frees what was set up */
     return rc;
   }
+  if (c->disk) rc = kvt__progress_start(c);
+  if (rc < 0) {
+    set_detail(c, "progress thread: %s", kvt_strerror(rc));
+    c->register_failed = 1;
+    return rc;
+  }
   c->st.host_pool_pinned = (uint32_t)c->host.pinned;
   c->layout_ready = 1;
   return 0;
@@ -400,6 +406,7 @@ void kvt_close(kvt_cache *c) {
    * the copy-on-write image, so the child's copy is left as it is. */
   if (kvt__forked(c)) return;
   if (c->jobs) kvt_drain(c);
+  kvt__progress_stop(c);
   if (c->disk) kvt__disk_close(c->disk);
   kvt__jobs_fini(c);
   kvt__host_pool_fini(&c->host, &c->dev);

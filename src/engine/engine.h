@@ -135,6 +135,12 @@ struct kvt_cache {
   uint32_t submitting;     /* library threads inside a submission (kvt_drain waits for them) */
   uint32_t *submitq;       /* jobs started under the lock, submitted after it */
   uint32_t n_submitq;
+  /* The progress thread submits what may wait for a free disk op (restore
+   * reads), so kvt_acquire never does. */
+  pthread_t progress_thread;
+  pthread_cond_t progress_cond;
+  int progress_running, progress_stop;
+  uint32_t *progq, progq_head, n_progq; /* ring of n_jobs job indices */
 
   kvt__request *reqs;
   uint32_t *req_free;
@@ -173,6 +179,12 @@ void kvt__job_submit(kvt_cache *c, uint32_t j); /* lock NOT held */
 /* With the lock held: submit j once the lock is dropped (kvt__flush_submits). */
 void kvt__queue_submit(kvt_cache *c, uint32_t j);
 void kvt__flush_submits(kvt_cache *c);           /* lock NOT held */
+/* The progress thread (a disk tier with real bytes): started at layout
+ * registration, stopped by kvt_close after the drain. */
+int kvt__progress_start(kvt_cache *c);
+void kvt__progress_stop(kvt_cache *c);
+/* With the lock held: the progress thread submits j (its next phase). */
+void kvt__progress_submit(kvt_cache *c, uint32_t j);
 int kvt__jobs_init(kvt_cache *c);
 void kvt__jobs_fini(kvt_cache *c);
 

@@ -355,6 +355,10 @@ static int submit_dev(kvt_cache *c, kvt__job *jb) {
 
 static void dev_done(kvt_dev_xfer *x, int status);
 
+/* Disk ops go to the store in batches of up to DISK_BATCH (one backend
+ * submission each); the batch call waits only while the queue is full. */
+#define DISK_BATCH 64u
+
 static void submit_disk_ops(kvt_cache *c, kvt__job *jb) {
   int write = jb->kind == KVT__JOB_SPILL, load = jb->kind == KVT__JOB_LOAD;
   uint32_t n = 0, n_ops = jb->n_ops, sent = 0;
@@ -363,17 +367,27 @@ static void submit_disk_ops(kvt_cache *c, kvt__job *jb) {
   jb->pending = n;
   pthread_mutex_unlock(&c->lock);
   /* The job may finish (and be reused) as the last op completes: stop
-   * touching it once every op has been handed over. */
-  for (uint32_t i = 0; i < n_ops && sent < n; i++) {
-    kvt__op *op = &jb->ops[i];
-    if (load && !op->from_disk) continue;
-    sent++;
-    void *rec = kvt__host_slot(&c->host, op->slot[KVT__T_HOST]);
-    int rc;
-    if (c->metadata_only) rc = 1;
-    else if (write) rc = kvt__disk_write(c->disk, op->slot[KVT__T_DISK], rec, disk_op_done, op);
-    else rc = kvt__disk_read(c->disk, op->slot[KVT__T_DISK], rec, &kvt__E(c, op->entry)->key, disk_op_done, op);
-    if (rc != 0) disk_op_done(op, rc > 0 ? 0 : rc);
+   * touching it once every op has been handed over. Ops not yet handed
+   * over keep it pending, so reading ops[] for the next batch is safe. */
+  kvt__disk_io io[DISK_BATCH];
+  for (uint32_t i = 0; sent < n;) {
+    uint32_t k = 0;
+    for (; i < n_ops && k < DISK_BATCH && sent + k < n; i++) {
+      kvt__op *op = &jb->ops[i];
+      if (load && !op->from_disk) continue;
+      io[k++] = (kvt__disk_io){.slot = op->slot[KVT__T_DISK], .rec = kvt__host_slot(&c->host, op->slot[KVT__T_HOST]),
+                               .expected_key = write ? NULL : &kvt__E(c, op->entry)->key, .arg = op};
+    }
+    sent += k;
+    if (c->metadata_only) {
+      for (uint32_t b = 0; b < k; b++) disk_op_done(io[b].arg, 0);
+      continue;
+    }
+    int q = write ? kvt__disk_write_batch(c->disk, io, k, disk_op_done) : kvt__disk_read_batch(c->disk, io, k, disk_op_done);
+    for (uint32_t b = 0; b < k; b++) {
+      int rc = q < 0 ? q : io[b].status;
+      if (rc != 0) disk_op_done(io[b].arg, rc > 0 ? 0 : rc);
+    }
   }
 }
 
@@ -403,6 +417,60 @@ void kvt__job_submit(kvt_cache *c, uint32_t j) {
 }
 
 void kvt__queue_submit(kvt_cache *c, uint32_t j) { c->submitq[c->n_submitq++] = j; }
+
+/* ---- the progress thread: submissions that may wait on a full queue ---- */
+
+static void *progress_main(void *arg) {
+  kvt_cache *c = arg;
+  pthread_mutex_lock(&c->lock);
+  for (;;) {
+    while (!c->n_progq && !c->progress_stop) pthread_cond_wait(&c->progress_cond, &c->lock);
+    if (!c->n_progq) break;
+    uint32_t j = c->progq[c->progq_head];
+    c->progq_head = (c->progq_head + 1) % c->n_jobs;
+    c->n_progq--;
+    pthread_mutex_unlock(&c->lock);
+    kvt__job_submit(c, j);
+    pthread_mutex_lock(&c->lock);
+    c->submitting--;
+    pthread_cond_broadcast(&c->cond);
+  }
+  pthread_mutex_unlock(&c->lock);
+  return NULL;
+}
+
+int kvt__progress_start(kvt_cache *c) {
+  c->progq = calloc(c->n_jobs, sizeof *c->progq);
+  if (!c->progq) return -ENOMEM;
+  pthread_cond_init(&c->progress_cond, NULL);
+  int rc = pthread_create(&c->progress_thread, NULL, progress_main, c);
+  if (rc) {
+    pthread_cond_destroy(&c->progress_cond);
+    return -rc;
+  }
+  c->progress_running = 1;
+  return 0;
+}
+
+void kvt__progress_stop(kvt_cache *c) {
+  if (c->progress_running) {
+    pthread_mutex_lock(&c->lock);
+    c->progress_stop = 1;
+    pthread_cond_signal(&c->progress_cond);
+    pthread_mutex_unlock(&c->lock);
+    pthread_join(c->progress_thread, NULL);
+    pthread_cond_destroy(&c->progress_cond);
+    c->progress_running = 0;
+  }
+  free(c->progq);
+  c->progq = NULL;
+}
+
+void kvt__progress_submit(kvt_cache *c, uint32_t j) {
+  c->progq[(c->progq_head + c->n_progq++) % c->n_jobs] = j;
+  c->submitting++; /* kvt_drain waits for it */
+  pthread_cond_signal(&c->progress_cond);
+}
 
 void kvt__flush_submits(kvt_cache *c) {
   for (;;) {

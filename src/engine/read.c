@@ -378,6 +378,10 @@ int kvt_acquire_after(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, 
   c->st.hits_disk += sr.per_tier[KVT__T_DISK];
   c->st.misses += n_blocks - sr.n;
   *req = ((uint64_t)rq->gen << 32) | (r + 1);
+  /* Disk reads wait for free queue slots: the progress thread submits
+   * them, and the caller returns at once. */
+  int deferred = job != KVT__NONE && c->jobs[job].n_fetch && c->progress_running;
+  if (deferred) kvt__progress_submit(c, job);
   if (info) {
     kvt_acquire_info full = {sizeof full, sr.n, sr.per_tier[KVT__T_DEV], n_copy, sr.per_tier[KVT__T_DISK]};
     kvt__struct_out(info, &full, sizeof full, KVT_ACQUIRE_INFO_SIZE_V1);
@@ -385,7 +389,7 @@ int kvt_acquire_after(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, 
   pthread_mutex_unlock(&c->lock);
   kvt__flush_submits(c);
   if (job == KVT__NONE) return 0;
-  kvt__job_submit(c, job);
+  if (!deferred) kvt__job_submit(c, job);
   return 1;
 }
 
