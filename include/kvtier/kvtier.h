@@ -16,7 +16,12 @@
  *    once. Every call takes the cache's metadata lock only for O(1)/O(n
  *    blocks) bookkeeping, never across a copy or an I/O. Exceptions: kvt_open,
  *    kvt_register_layout and kvt_close must not race other calls on the same
- *    cache. Functions marked "may block" wait for copies or I/O.
+ *    cache. Functions marked "may block" wait for copies or I/O;
+ *    kvt_acquire and kvt_prefetch never wait for disk reads.
+ *    kvtier's own threads (docs/pipeline.md): device copy workers (host
+ *    backend) or CUDA's completion thread, the disk reaper, and with a disk
+ *    tier one progress thread that submits a restore's disk reads; they
+ *    apply completions to the tier map under the metadata lock.
  *  - Callbacks: none but the optional log handler (kvt_set_log_handler).
  *    kvtier never calls into the engine from its threads otherwise;
  *    completion is learned by polling or waiting.
@@ -38,8 +43,11 @@
  *  - Logging: the library never writes to stdout or stderr. Install a
  *    handler with kvt_set_log_handler to see its warnings.
  *  - Memory: block slots, jobs and requests are allocated at open / layout
- *    registration; lookup, acquire, commit, release and the copy paths do not
- *    allocate.
+ *    registration; lookup, commit, release and the copy paths do not
+ *    allocate. Acquire allocates only when the block references of all live
+ *    requests together pass their previous peak (requests sharing a cached
+ *    prefix each hold references to its slots); a request that fits in the
+ *    free device slots is never refused for lack of reference space.
  */
 #ifndef KVTIER_KVTIER_H
 #define KVTIER_KVTIER_H
@@ -389,7 +397,9 @@ typedef struct kvt_acquire_info {
  * (n_blocks * block_tokens ids, may be NULL) are given, at the first block
  * whose stored tokens or parent differ (counted as a mismatch).
  * slots[n_blocks + extra_slots] receives the slot of every block.
- * May block while evicted blocks are copied down (never with NOWAIT).
+ * May block while evicted blocks are copied down (never with NOWAIT); never
+ * waits for disk reads: blocks restored from disk are read by kvtier's
+ * progress thread, in batches, after the call has returned 1.
  * Returns 0 (nothing to load), 1 (loads in flight: kvt_request_wait), or
  * KVT_ENOSPACE when the device tier cannot free enough unpinned slots. */
 KVT_API int kvt_acquire(kvt_cache *c, const kvt_key *keys, const uint32_t *tokens, size_t n_blocks,

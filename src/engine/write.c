@@ -85,14 +85,17 @@ int kvt_prefetch(kvt_cache *c, const kvt_key *keys, size_t n, kvt_job *job) {
     kvt__job_free(c, j);
     j = KVT__NONE;
   }
+  int deferred = 0;
   if (j != KVT__NONE) {
     c->inflight++;
     c->st.jobs_started++;
     *job = kvt__job_handle(c, j);
+    /* Reads wait for free disk ops: the progress thread submits them. */
+    if ((deferred = c->progress_running) != 0) kvt__progress_submit(c, j);
   }
   pthread_mutex_unlock(&c->lock);
   kvt__flush_submits(c);
-  if (j != KVT__NONE) kvt__job_submit(c, j);
+  if (j != KVT__NONE && !deferred) kvt__job_submit(c, j);
   return j != KVT__NONE ? 1 : (rc < 0 ? rc : 0);
 }
 
