@@ -672,6 +672,65 @@ static void acquire_returns_before_disk_reads(void **state) {
   close_disk(&f);
 }
 
+/* Write-through spills wait for free disk ops off the device's completion
+ * thread: with one copy worker, one disk op, and disk completions held
+ * back, a restore from the host still completes (its copy's completion is
+ * not queued behind a spill waiting for the disk). The watchdog opens the
+ * gate if it does not. */
+static atomic_int restore_back;
+
+static void *open_gate_if_restore_stuck(void *arg) {
+  (void)arg;
+  for (int i = 0; i < 20000 && !atomic_load(&restore_back); i++) usleep(500);
+  if (!atomic_load(&restore_back)) open_gate();
+  return NULL;
+}
+
+static void spills_never_stall_device_completions(void **state) {
+  fixture f;
+  kvt_config cfg = disk_config(16, 32, KVT_WRITE_THROUGH);
+  cfg.disk_queue_depth = 1;
+  cfg.copy_threads = 1;
+  fixture_open_cfg(&f, &cfg, 8);
+  kvt_key ka[NB], kb[NB];
+  uint32_t ta[NB * BT], tb[NB * BT];
+  fixture_keys(&f, 0, NB, ka, ta);
+  fixture_keys(&f, 1, NB, kb, tb);
+  assert_int_equal(run_request(&f, ka, ta, NB, 0), 0);
+  assert_int_equal(kvt_drain(f.c), 0);
+  offload(&f, ka, NB); /* A: host and disk only */
+  assert_int_equal(fixture_lookup(&f, ka, NB).n_host, NB);
+  fixture_scribble(&f);
+  close_gate(KVT_FAULT_IO_DELAY_US);
+  atomic_store(&restore_back, 0);
+  pthread_t wd;
+  assert_int_equal(pthread_create(&wd, NULL, open_gate_if_restore_stuck, NULL), 0);
+  /* B's commit copies it to the host, then spills it: 4 writes for one disk op. */
+  assert_int_equal(run_request(&f, kb, tb, NB, 1), 0);
+  kvt_req r;
+  uint32_t slots[NB], ready = 0;
+  kvt_acquire_info info = {.size = sizeof info};
+  int rc = kvt_acquire(f.c, ka, ta, NB, NB, 0, 0, &r, slots, &info);
+  assert_int_equal(rc, 1);
+  assert_int_equal(info.n_loading, NB);
+  assert_int_equal(info.n_from_disk, 0);
+  assert_int_equal(kvt_request_wait(f.c, r, -1, &ready), 0);
+  int held = atomic_load(&gate_closed);
+  atomic_store(&restore_back, 1);
+  open_gate();
+  assert_int_equal(pthread_join(wd, NULL), 0);
+  if (!held) fail_msg("the host restore waited for a spill held on the disk");
+  assert_int_equal(ready, NB);
+  for (uint32_t i = 0; i < NB; i++) assert_true(fixture_check(&f, slots[i], block_seed(0, i)));
+  assert_int_equal(kvt_release(f.c, r), 0);
+  assert_int_equal(kvt_drain(f.c), 0);
+  assert_true(disarm() >= 1);
+  assert_int_equal(fixture_lookup(&f, kb, NB).n_prefix, NB);
+  kvt_stats st = fixture_stats(&f);
+  assert_int_equal(st.io_errors, 0);
+  close_disk(&f);
+}
+
 /* Slow disk completions: a request waits (poll says in progress), layers
  * are not ready, commit is refused until the loads land; then exact. */
 static void slow_disk_completions(void **state) {
@@ -789,6 +848,7 @@ int main(void) {
       cmocka_unit_test(prefetch_read_failure),
       cmocka_unit_test(slow_disk_completions),
       cmocka_unit_test(acquire_returns_before_disk_reads),
+      cmocka_unit_test(spills_never_stall_device_completions),
       cmocka_unit_test(disk_load_copy_failure),
       cmocka_unit_test(corrupt_records_are_counted_misses),
   };

@@ -508,15 +508,19 @@ static void dev_done(kvt_dev_xfer *x, int status) {
   if (status && !jb->status) jb->status = status;
   observe(c, jb, 0, jb->bytes);
   uint32_t next = write_through(c, jb);
+  int here = 0;
   if (next != KVT__NONE) {
     c->inflight++;
     c->st.jobs_started++; /* like every other job: jobs_failed never exceeds it */
-    c->submitting++;
+    /* The spill may wait for free disk ops: never on this (the device's
+     * completion) thread, so later copies' completions are not held up. */
+    if (c->progress_running) kvt__progress_submit(c, next);
+    else here = 1, c->submitting++;
   }
   finish_job(c, jb);
   pthread_cond_broadcast(&c->cond);
   pthread_mutex_unlock(&c->lock);
-  if (next != KVT__NONE) submit_from_library_thread(c, next);
+  if (here) submit_from_library_thread(c, next);
 }
 
 static void disk_op_done(void *arg, int status) {
@@ -536,8 +540,9 @@ static void disk_op_done(void *arg, int status) {
     if (jb->kind == KVT__JOB_LOAD) {
       if (cut_loads_at_first_failure(c, jb) > 0) {
         jb->phase = 2;
-        load_next = 1;
-        c->submitting++;
+        /* The device copy is submitted off the reaper, which reaps on. */
+        if (c->progress_running) kvt__progress_submit(c, jb->index);
+        else load_next = 1, c->submitting++;
       } else {
         finish_job(c, jb);
       }
