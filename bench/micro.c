@@ -72,7 +72,10 @@ static void usage(FILE *f) {
           "  hash   chained block keys (kvt_hash_tokens) vs raw XXH3_128 over the same bytes\n"
           "  map    kvt_lookup and acquire/release of device hits, blocks per second\n"
           "  host   host-tier stores and loads (host backend) vs memcpy of the same blocks\n"
-          "  disk   disk spill and fetch+verify vs raw O_DIRECT io_uring on the same file\n\n"
+          "  disk   disk spill and fetch+verify vs raw O_DIRECT io_uring on the same file\n"
+          "  storage storage mode: put-from / get-into of 2 MiB blocks vs raw O_DIRECT io_uring,\n"
+          "         and kvt_exists over 1M resident keys\n"
+          "  metrics acquire+release and host copies with counting on vs compiled out\n\n"
           "  --only SECTION   run one section\n"
           "  --seconds S      target time per measurement, 0 < S <= 60 (0.5)\n"
           "  --quick          smaller sizes (a quick check, less stable figures)\n"
@@ -121,6 +124,9 @@ static const char *missed_reason(const char *section) {
            "does not; the cpu-s/GB rows show where the time goes. A shared or throttled disk\n"
            "varies from run to run: compare the raw rounds in the note.";
   if (!strcmp(section, "gpu")) return "see kvtier-bench gpu for the per-path figures.";
+  if (!strcmp(section, "metrics"))
+    return "both builds ran the same calls in alternating rounds; on a loaded machine one round's\n"
+           "noise can exceed the cost of counting: run it again with a longer --seconds.";
   return "see the row's note.";
 }
 

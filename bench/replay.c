@@ -44,6 +44,8 @@ static void usage(FILE *f) {
           "                        cached prefix, or nothing\n"
           "  --whole-ids           count a trace's partial last id as a block (as the trace's\n"
           "                        published LRU figures do); default: full blocks only\n"
+          "  --metrics-out FILE    at the end, the engine's metrics in Prometheus text format\n"
+          "                        (JSON when FILE ends in .json)\n"
           "  --json                one JSON object\n\n%s",
           kvt_bench_source_usage, kvt_bench_hw_usage);
 }
@@ -106,6 +108,8 @@ static int parse(int argc, char **argv, replay_cli *o) {
       o->ro.payload_scale = (uint32_t)sc;
     } else if (!strcmp(a, "--disk-path")) {
       o->ro.disk_path = v;
+    } else if (!strcmp(a, "--metrics-out")) {
+      o->ro.metrics_out = v;
     } else if (!strcmp(a, "--restore")) {
       if (kvt_bench_restore_option("replay", v, 1, &o->ro.restore)) return 2;
     } else {

@@ -409,6 +409,22 @@ static int open_engines(replay_state *s, const kvt_bench_trace *t, const kvt_ben
   return engine_open(&s->base, &b, err, len);
 }
 
+/* The engine's metrics exposition into path (JSON for *.json). */
+static int write_metrics(kvt_cache *c, const char *path, char *err, size_t errlen) {
+  size_t n = strlen(path);
+  int fmt = n >= 5 && !strcmp(path + n - 5, ".json") ? KVT_METRICS_JSON : KVT_METRICS_PROMETHEUS;
+  size_t len = 0;
+  kvt_metrics_write(c, fmt, NULL, &len);
+  size_t cap = len + 4096; /* counters may grow a digit between the calls */
+  char *buf = malloc(cap);
+  int rc = buf ? kvt_metrics_write(c, fmt, buf, &cap) : -ENOMEM;
+  FILE *f = rc == 0 ? fopen(path, "w") : NULL;
+  if (rc == 0 && !f) rc = -errno;
+  if (f && (fputs(buf, f) < 0 || fclose(f) != 0)) rc = -EIO;
+  free(buf);
+  return rc ? set_err(err, errlen, "--metrics-out %s: %s", path, kvt_strerror(rc)) : 0;
+}
+
 int kvt_bench_replay_run(const kvt_bench_trace *t, const kvt_bench_replay_opts *o, kvt_bench_replay_result *r,
                          char *err, size_t errlen) {
   if (!t || !o || !r || !t->n_reqs || !t->block_tokens) return set_err(err, errlen, "empty trace");
@@ -442,6 +458,7 @@ int kvt_bench_replay_run(const kvt_bench_trace *t, const kvt_bench_replay_opts *
     r->ttft_recompute_p99_s = percentile(s.ttft_rc, n, 0.99);
     r->ttft_device_only_p50_s = percentile(s.ttft_dev, n, 0.5);
     r->ttft_device_only_p99_s = percentile(s.ttft_dev, n, 0.99);
+    if (o->metrics_out) rc = write_metrics(s.main.c, o->metrics_out, err, errlen);
   }
   engine_close(&s.main);
   engine_close(&s.base);

@@ -71,6 +71,8 @@ typedef struct kvt_bench_replay_opts {
   int whole_ids;            /* count the partial last id as a block (see above) */
   int device_only_baseline; /* run the second engine (1) */
   kvt_hw_desc hw;           /* the hardware the cost model assumes (kvt_hw_init) */
+  const char *metrics_out;  /* at the end, the engine's kvt_metrics_write text here (NULL: none);
+                               JSON when the name ends in ".json", else Prometheus text */
   void (*progress)(double fraction); /* may be NULL */
 } kvt_bench_replay_opts;
 

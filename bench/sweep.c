@@ -39,6 +39,8 @@ static void usage(FILE *f) {
           "  --restore plan|all    (plan)\n"
           "  --whole-ids           count a trace's partial last id as a block\n"
           "  --svg FILE            write the chart\n"
+          "  --metrics-out FILE    the engine's metrics at the end of the last point (the last\n"
+          "                        of --disk-list and --host-list); JSON when FILE ends in .json\n"
           "  --json                one JSON object\n\n%s",
           kvt_bench_source_usage, kvt_bench_hw_usage);
 }
@@ -95,6 +97,8 @@ static int parse(int argc, char **argv, sweep_cli *o) {
       o->ro.model = v;
     } else if (!strcmp(a, "--svg")) {
       o->svg = v;
+    } else if (!strcmp(a, "--metrics-out")) {
+      o->ro.metrics_out = v;
     } else if (!strcmp(a, "--restore")) {
       if (kvt_bench_restore_option("sweep", v, 0, &o->ro.restore)) return 2;
     } else {

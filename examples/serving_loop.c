@@ -13,6 +13,7 @@
  */
 #include <kvtier/kvtier.h>
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,7 @@ typedef struct opts {
   uint32_t users, rounds, device_blocks, system_tokens, turn_tokens;
   uint64_t host_blocks, disk_blocks;
   const char *disk_path;
+  const char *metrics_out; /* the cache's Prometheus metrics at the end, as an engine's /metrics would serve them */
   int quiet;
 } opts;
 
@@ -77,6 +79,7 @@ static int parse(int argc, char **argv, opts *o) {
     else if (!strcmp(a, "--host-blocks")) o->host_blocks = (uint64_t)atoll(v), i++;
     else if (!strcmp(a, "--disk-blocks")) o->disk_blocks = (uint64_t)atoll(v), i++;
     else if (!strcmp(a, "--disk-path")) o->disk_path = v, i++;
+    else if (!strcmp(a, "--metrics-out")) o->metrics_out = v, i++;
     else return -1;
   }
   return o->users && o->device_blocks ? 0 : -1;
@@ -179,11 +182,30 @@ static int serve_turn(kvt_cache *c, const opts *o, uint32_t u, uint32_t r, total
   return 0;
 }
 
+/* What an engine's /metrics handler does: size the text, then write it. */
+static int write_metrics(kvt_cache *c, const char *path) {
+  size_t len = 0;
+  kvt_metrics_write(c, KVT_METRICS_PROMETHEUS, NULL, &len); /* -ENOBUFS: len is the size */
+  size_t cap = len + 1024;                                  /* headroom: counters gain digits */
+  char *text = malloc(cap);
+  int rc = text ? kvt_metrics_write(c, KVT_METRICS_PROMETHEUS, text, &cap) : -ENOMEM;
+  FILE *f = rc == 0 ? fopen(path, "w") : NULL;
+  if (f) {
+    fputs(text, f);
+    rc = fclose(f) == 0 ? 0 : -EIO;
+  } else if (rc == 0) {
+    rc = -EIO;
+  }
+  if (rc) fprintf(stderr, "--metrics-out %s: %s\n", path, kvt_strerror(rc));
+  free(text);
+  return rc;
+}
+
 int main(int argc, char **argv) {
   opts o;
   if (parse(argc, argv, &o)) {
     fprintf(stderr, "usage: serving_loop [--users N] [--rounds R] [--device-blocks D] [--host-blocks H]\n"
-                    "                    [--disk-blocks B --disk-path FILE] [--quiet]\n");
+                    "                    [--disk-blocks B --disk-path FILE] [--metrics-out FILE] [--quiet]\n");
     return 2;
   }
   kvt_cache *c = open_cache(&o);
@@ -214,6 +236,7 @@ int main(int argc, char **argv) {
          st.bytes_h2d / 1048576.0, (unsigned long long)st.blocks_h2disk, (unsigned long long)st.blocks_disk2h,
          (unsigned long long)st.evictions_device, (unsigned long long)st.evictions_host,
          (unsigned long long)st.evictions_disk);
+  if (o.metrics_out && write_metrics(c, o.metrics_out) != 0) t.bad++;
   kvt_close(c);
   return t.bad ? 1 : 0;
 }

@@ -21,6 +21,10 @@ LMCACHE=0.5.6
 # does not ship (the rest come from the toolkit's lib64 on LD_LIBRARY_PATH).
 TORCH_DEPS="filelock typing-extensions sympy networkx jinja2 fsspec setuptools>=77.0.3 numpy"
 TORCH_CUDA_LIBS="nvidia-cusparselt-cu13==0.8.1 nvidia-nccl-cu13==2.30.7 nvidia-nvshmem-cu13==3.4.5 nvidia-cufile"
+# Without a CUDA toolkit on this machine, the CUDA libraries torch loads at
+# import come from the package registry instead, as torch's own dependencies
+# name them (no GPU is needed to import torch; about 3 GB more to download).
+TORCH_CUDA_TOOLKIT_LIBS="cuda-toolkit[cublas,cudart,cufft,cufile,cupti,curand,cusolver,cusparse,nvjitlink,nvrtc,nvtx]==13.0.3 nvidia-cudnn-cu13==9.24.0.43"
 VLLM_DEPS="packaging msgspec"
 # What `import sglang.srt.mem_cache.hicache_storage` needs (found by importing
 # it until nothing was missing); torch 2.14.0 wants triton 3.8.
@@ -29,15 +33,18 @@ SGLANG_DEPS="orjson psutil pybase64 requests triton~=3.8.0 pillow starlette pyda
 LMCACHE_DEPS="numba pyyaml cachetools sortedcontainers prometheus_client py-cpuinfo aiofile transformers cryptography"
 TEST_DEPS="pytest cffi"
 
-pins="torch=$TORCH vllm=$VLLM sglang=$SGLANG lmcache=$LMCACHE deps=$TORCH_DEPS|$TORCH_CUDA_LIBS|$VLLM_DEPS|$SGLANG_DEPS|$LMCACHE_DEPS|$TEST_DEPS py=$(python3 -c 'import sys; print(sys.version_info[:2])')"
-tag=$(printf '%s' "$pins" | sha256sum | cut -c1-12)
-root=${KVT_PY_CACHE:-$HOME/.cache/kvtier-py}
-venv=$root/engines-$tag
-
 cuda_lib=""
 for d in "${CUDA_HOME:-}" /usr/local/cuda; do
   if [[ -n "$d" && -d "$d/lib64" ]]; then cuda_lib=$d/lib64; break; fi
 done
+torch_libs=$TORCH_CUDA_LIBS
+[[ -n $cuda_lib ]] || torch_libs="$TORCH_CUDA_LIBS $TORCH_CUDA_TOOLKIT_LIBS"
+
+pins="torch=$TORCH vllm=$VLLM sglang=$SGLANG lmcache=$LMCACHE deps=$TORCH_DEPS|$torch_libs|$VLLM_DEPS|$SGLANG_DEPS|$LMCACHE_DEPS|$TEST_DEPS py=$(python3 -c 'import sys; print(sys.version_info[:2])')"
+tag=$(printf '%s' "$pins" | sha256sum | cut -c1-12)
+root=${KVT_PY_CACHE:-$HOME/.cache/kvtier-py}
+venv=$root/engines-$tag
+
 
 mkdir -p "$root"
 exec 9>"$root/.lock" # one install at a time per cache directory
@@ -60,7 +67,7 @@ if [[ ! -f $venv/.complete ]]; then
   # shellcheck disable=SC2086
   timed torch "${pip[@]}" --no-deps torch==$TORCH
   # shellcheck disable=SC2086
-  timed torch-deps "${pip[@]}" $TORCH_DEPS $TORCH_CUDA_LIBS $TEST_DEPS
+  timed torch-deps "${pip[@]}" $TORCH_DEPS $torch_libs $TEST_DEPS
   # shellcheck disable=SC2086
   timed vllm "${pip[@]}" --no-deps vllm==$VLLM
   # shellcheck disable=SC2086

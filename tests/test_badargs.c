@@ -986,9 +986,161 @@ static void backend_vtables_reject_bad_open_args(void **state) {
   }
 }
 
+/* Storage mode: every call refuses bad arguments, other modes and stale
+ * handles, and a valid put/get still works afterwards. */
+static void storage_mode_calls_bad_args(void **state) {
+  kvt_key k[2] = {{1, 2}, {3, 4}};
+  kvt_lookup_result lr = {.size = sizeof lr};
+  kvt_job job = 0;
+  kvt_batch b;
+  kvt_batch_init(&b);
+  kvt_batch_init(NULL);
+  kvt_region reg = 0;
+  size_t n = 0;
+  int32_t res[2];
+  int st[2];
+  /* NULL cache. */
+  assert_int_equal(kvt_register_memory(NULL, k, 8, KVT_MEM_HOST, &reg), -EINVAL);
+  assert_int_equal(kvt_unregister_memory(NULL, 1), -EINVAL);
+  assert_int_equal(kvt_exists(NULL, NULL, k, 2, 0, &lr, NULL), -EINVAL);
+  assert_int_equal(kvt_put_from(NULL, &b, &job), -EINVAL);
+  assert_int_equal(kvt_get_into(NULL, &b, &job), -EINVAL);
+  assert_int_equal(kvt_remove(NULL, k, 2, &n), -EINVAL);
+  assert_int_equal(kvt_storage_poll(NULL, 1), -EINVAL);
+  assert_int_equal(kvt_storage_wait(NULL, 1, 0), -EINVAL);
+  assert_int_equal(kvt_storage_results(NULL, 1, res, 2, NULL), -EINVAL);
+  assert_int_equal(kvt_storage_collect(NULL, &job, st, 1, &n), -EINVAL);
+  assert_int_equal(kvt_storage_release(NULL, 1), -EINVAL);
+  /* An owner-mode cache. */
+  fixture f;
+  fixture_open(&f, 8, 4);
+  assert_int_equal(kvt_put_from(f.c, &b, &job), KVT_ESTATE);
+  assert_int_equal(kvt_get_into(f.c, &b, &job), KVT_ESTATE);
+  assert_int_equal(kvt_register_memory(f.c, k, 8, KVT_MEM_HOST, &reg), KVT_ESTATE);
+  assert_int_equal(kvt_storage_collect(f.c, &job, st, 1, &n), KVT_ESTATE);
+  assert_int_equal(kvt_remove(f.c, k, 2, &n), KVT_ESTATE);
+  assert_int_equal(kvt_exists(f.c, NULL, k, 2, 0, &lr, NULL), 0); /* exists serves both modes */
+  fixture_close(&f);
+  /* A storage-mode cache. */
+  kvt_config cfg;
+  kvt_config_init(&cfg);
+  cfg.model_fingerprint = "badargs-storage";
+  cfg.host_blocks = 4;
+  kvt_cache *c = NULL;
+  assert_int_equal(kvt_open(&cfg, &c), 0);
+  assert_int_equal(kvt_put_from(c, &b, &job), KVT_ELAYOUT);
+  assert_int_equal(kvt_exists(c, NULL, k, 2, 0, &lr, NULL), KVT_ELAYOUT);
+  kvt_segment seg = {NULL, 0, 4096};
+  kvt_layout l;
+  kvt_layout_init(&l);
+  l.num_layers = 1;
+  l.segments_per_layer = 1;
+  l.segments = &seg;
+  l.flags = KVT_LAYOUT_STORAGE;
+  l.num_slots = 3; /* storage mode owns no device slots */
+  assert_int_equal(kvt_register_layout(c, &l), -EINVAL);
+  l.num_slots = 0;
+  l.flags |= KVT_LAYOUT_METADATA_ONLY;
+  assert_int_equal(kvt_register_layout(c, &l), -EINVAL);
+  l.flags = KVT_LAYOUT_STORAGE;
+  seg.bytes = 0;
+  assert_int_equal(kvt_register_layout(c, &l), -EINVAL);
+  seg.bytes = 4096;
+  assert_int_equal(kvt_register_layout(c, &l), 0);
+  /* Owner-mode calls: there are no device slots to hand out or copy from. */
+  kvt_req req;
+  uint32_t slots[2];
+  assert_int_equal(kvt_acquire(c, k, NULL, 2, 2, 0, 0, &req, slots, NULL), -E2BIG);
+  assert_int_equal(kvt_store(c, k, 2, 0, &job), 0);
+  char *mem = aligned_alloc(4096, 3 * 4096);
+  assert_non_null(mem);
+  /* Regions. */
+  assert_int_equal(kvt_register_memory(c, NULL, 8, KVT_MEM_HOST, &reg), -EINVAL);
+  assert_int_equal(kvt_register_memory(c, mem, 0, KVT_MEM_HOST, &reg), -EINVAL);
+  assert_int_equal(kvt_register_memory(c, mem, 8, 7, &reg), -EINVAL);
+  assert_int_equal(kvt_register_memory(c, mem, 8, KVT_MEM_HOST, NULL), -EINVAL);
+  assert_int_equal(kvt_register_memory(c, (void *)(UINTPTR_MAX - 4), 8, KVT_MEM_HOST, &reg), -EINVAL);
+#ifndef KVT_HAVE_CUDA
+  assert_int_equal(kvt_register_memory(c, mem, 4096, KVT_MEM_DEVICE, &reg), KVT_EUNSUPPORTED);
+#else
+  assert_true(kvt_register_memory(c, mem, 4096, KVT_MEM_DEVICE, &reg) == KVT_ENODEV); /* host memory is not device memory */
+#endif
+  assert_int_equal(kvt_register_memory(c, mem, 2 * 4096, KVT_MEM_HOST, &reg), 0);
+  kvt_region other;
+  assert_int_equal(kvt_register_memory(c, mem + 4096, 4096, KVT_MEM_HOST, &other), -EINVAL); /* overlaps */
+  assert_int_equal(kvt_unregister_memory(c, KVT_REGION_NONE), KVT_ENOJOB);
+  assert_int_equal(kvt_unregister_memory(c, 65), KVT_ENOJOB);
+  /* Batches. */
+  kvt_piece p[2] = {{.region = reg, .offset = 0, .len = 4096}, {.region = reg, .offset = 4096, .len = 4096}};
+  assert_int_equal(kvt_put_from(c, NULL, &job), -EINVAL);
+  assert_int_equal(kvt_put_from(c, &b, NULL), -EINVAL);
+  assert_int_equal(kvt_put_from(c, &b, &job), -EINVAL); /* no blocks */
+  b.n_blocks = 2;
+  b.keys = k;
+  b.pieces = p;
+  b.size = 4;
+  assert_int_equal(kvt_put_from(c, &b, &job), KVT_EVERSION);
+  b.size = sizeof b;
+  b.n_blocks = cfg.max_job_blocks + 1;
+  assert_int_equal(kvt_put_from(c, &b, &job), -E2BIG);
+  b.n_blocks = 2;
+  p[1].len = 100; /* pieces do not add up to the block */
+  assert_int_equal(kvt_put_from(c, &b, &job), -EINVAL);
+  p[1].len = 4096;
+  p[1].offset = 4097; /* past the region */
+  assert_int_equal(kvt_get_into(c, &b, &job), -EINVAL);
+  p[1].offset = 4096;
+  p[1].region = 9; /* unregistered */
+  assert_int_equal(kvt_put_from(c, &b, &job), -EINVAL);
+  p[1] = (kvt_piece){.ptr = NULL, .len = 4096};
+  assert_int_equal(kvt_put_from(c, &b, &job), -EINVAL);
+  p[1] = (kvt_piece){.region = reg, .offset = 4096, .len = 4096, .reserved = 1};
+  assert_int_equal(kvt_put_from(c, &b, &job), -EINVAL);
+  p[1].reserved = 0;
+  /* Exists. */
+  assert_int_equal(kvt_exists(c, NULL, NULL, 2, 0, &lr, NULL), -EINVAL);
+  assert_int_equal(kvt_exists(c, NULL, k, 2, 0, NULL, NULL), -EINVAL);
+  assert_int_equal(kvt_exists(c, NULL, k, 2, 0x80, &lr, NULL), -EINVAL); /* unknown flag */
+  b.flags = 0x80;
+  assert_int_equal(kvt_put_from(c, &b, &job), -EINVAL);
+  b.flags = 0;
+  lr.size = 4;
+  assert_int_equal(kvt_exists(c, NULL, k, 2, 0, &lr, NULL), KVT_EVERSION);
+  lr.size = sizeof lr;
+  /* Job handles: never issued, then stale after release. */
+  assert_int_equal(kvt_storage_poll(c, 0), KVT_ENOJOB);
+  assert_int_equal(kvt_storage_wait(c, 12345, 0), KVT_ENOJOB);
+  assert_int_equal(kvt_storage_results(c, 12345, res, 2, NULL), KVT_ENOJOB);
+  assert_int_equal(kvt_storage_release(c, 12345), KVT_ENOJOB);
+  assert_int_equal(kvt_storage_collect(c, NULL, st, 1, &n), -EINVAL);
+  assert_int_equal(kvt_storage_collect(c, &job, st, 1, NULL), -EINVAL);
+  assert_int_equal(kvt_remove(c, NULL, 2, &n), -EINVAL);
+  /* And a valid round trip still works. */
+  memset(mem, 0x3c, 2 * 4096);
+  assert_int_equal(kvt_put_from(c, &b, &job), 1);
+  assert_int_equal(kvt_storage_wait(c, job, -1), 0);
+  assert_int_equal(kvt_storage_results(c, job, NULL, 2, NULL), -EINVAL);
+  assert_int_equal(kvt_storage_results(c, job, res, 3, NULL), -EINVAL);
+  assert_int_equal(kvt_storage_release(c, job), 0);
+  assert_int_equal(kvt_storage_release(c, job), KVT_ENOJOB);
+  assert_int_equal(kvt_storage_poll(c, job), KVT_ENOJOB);
+  memset(mem, 0, 2 * 4096);
+  assert_int_equal(kvt_get_into(c, &b, &job), 1);
+  assert_int_equal(kvt_storage_wait(c, job, -1), 0);
+  assert_int_equal(kvt_storage_release(c, job), 0);
+  assert_int_equal((unsigned char)mem[5000], 0x3c);
+  assert_int_equal(kvt_exists(c, NULL, k, 2, 0, &lr, NULL), 0);
+  assert_int_equal(lr.n_host, 2);
+  assert_int_equal(kvt_remove(c, k, 2, &n), 0);
+  assert_int_equal(n, 2);
+  kvt_close(c);
+  free(mem);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(strerror_never_null),
+      cmocka_unit_test(storage_mode_calls_bad_args),
       cmocka_unit_test(init_functions_accept_null_and_set_defaults),
       cmocka_unit_test(open_rejects_bad_configs),
       cmocka_unit_test(cuda_without_gpu_is_enodev),

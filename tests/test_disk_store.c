@@ -840,6 +840,131 @@ static void test_try_batch_never_waits(void **state) {
   free(w);
 }
 
+/* Records hashed on the checksum threads hold their op while hashed, so
+ * the store takes half its queue depth again: with the reaper held (every
+ * op stays taken), a never-waiting batch queues 8 + 4, and each of those
+ * reads is verified on its own (one asks for another key and fails alone). */
+static void test_hashed_records_get_headroom(void **state) {
+  fx *f = *state;
+  enum { N = SLOTS, DEPTH = 8, OPS = DEPTH + DEPTH / 2, WRONG = 5 };
+  reopen_big(f, 2, 0);
+  kvt__disk_info in;
+  kvt__disk_get_info(f->d, &in);
+  assert_int_equal(in.queue_depth, DEPTH);
+  assert_int_equal(in.ops, OPS);
+  for (uint32_t i = 0; i < N; i++) assert_int_equal(write_sync(f, i, 500 + i), 0);
+  reap_hold h = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+  waiter *w = waiter_new();
+  kvt__disk_io io[N];
+  kvt_key keys[N];
+  memset(f->pool, 0, f->rec_bytes * N);
+  for (uint32_t i = 0; i < N; i++) {
+    keys[i] = key_of(i == WRONG ? 999 : 500 + i);
+    g_ws[i] = (wslot){w, (int)i};
+    io[i] = (kvt__disk_io){.slot = i, .rec = host(f, i), .expected_key = &keys[i], .arg = &g_ws[i]};
+  }
+  pthread_mutex_lock(&w->m);
+  w->pending = OPS;
+  pthread_mutex_unlock(&w->m);
+  kvt__fault_set(hold_hook, &h);
+  assert_int_equal(kvt__disk_try_read_batch(f->d, io, N, on_done), OPS);
+  for (uint32_t i = 0; i < N; i++) assert_int_equal(io[i].status, i < OPS ? 0 : KVT_EAGAIN);
+  pthread_mutex_lock(&h.m);
+  h.released = 1;
+  pthread_cond_broadcast(&h.c);
+  pthread_mutex_unlock(&h.m);
+  waiter_wait(w);
+  kvt__fault_set(NULL, NULL);
+  pthread_mutex_lock(&w->m);
+  w->pending = N - OPS;
+  pthread_mutex_unlock(&w->m);
+  assert_int_equal(kvt__disk_try_read_batch(f->d, io + OPS, N - OPS, on_done), N - OPS);
+  waiter_wait(w);
+  for (uint32_t i = 0; i < N; i++) {
+    assert_int_equal(w->status[i], i == WRONG ? KVT_EMISMATCH : 0);
+    if (i != WRONG) assert_true(rec_ok(host(f, i), 500 + i));
+  }
+  kvt__disk_stats st;
+  kvt__disk_get_stats(f->d, &st);
+  assert_int_equal(st.reads, N - 1);
+  assert_int_equal(st.mismatches, 1);
+  free(w);
+}
+
+/* With the headroom's reads all in flight, an I/O error on one of them
+ * fails that block alone; the others are verified and returned. */
+static void test_eio_on_one_read_of_a_full_hashed_queue(void **state) {
+  fx *f = *state;
+  enum { OPS = 12 }; /* queue_depth 8 + 4 */
+  reopen_big(f, 2, 0);
+  for (uint32_t i = 0; i < OPS; i++) assert_int_equal(write_sync(f, i, 600 + i), 0);
+  fault_plan p = {KVT_FAULT_IO_COMPLETE, -EIO, 1};
+  waiter *w = waiter_new();
+  kvt__disk_io io[OPS];
+  kvt_key keys[OPS];
+  memset(f->pool, 0, f->rec_bytes * OPS);
+  for (uint32_t i = 0; i < OPS; i++) {
+    keys[i] = key_of(600 + i);
+    g_ws[i] = (wslot){w, (int)i};
+    io[i] = (kvt__disk_io){.slot = i, .rec = host(f, i), .expected_key = &keys[i], .arg = &g_ws[i]};
+  }
+  pthread_mutex_lock(&w->m);
+  w->pending = OPS;
+  pthread_mutex_unlock(&w->m);
+  kvt__fault_set(fault_hook, &p);
+  assert_int_equal(kvt__disk_read_batch(f->d, io, OPS, on_done), OPS);
+  waiter_wait(w);
+  kvt__fault_set(NULL, NULL);
+  int n_failed = 0;
+  for (uint32_t i = 0; i < OPS; i++) {
+    if (w->status[i]) {
+      assert_int_equal(w->status[i], -EIO);
+      n_failed++;
+    } else {
+      assert_true(rec_ok(host(f, i), 600 + i));
+    }
+  }
+  assert_int_equal(n_failed, 1);
+  kvt__disk_stats st;
+  kvt__disk_get_stats(f->d, &st);
+  assert_int_equal(st.io_errors, 1);
+  assert_int_equal(st.reads, OPS - 1);
+  free(w);
+}
+
+/* By default big records get two to four checksum threads (two on a
+ * small machine: one thread's share of busy CPUs capped fetches). */
+static void test_default_checksum_threads(void **state) {
+  fx *f = *state;
+  reopen_big(f, 1, 0);
+  kvt__disk_close(f->d);
+  kvt__disk_cfg c = cfg_of(f, NS1);
+  c.checksum_threads = 0;
+  assert_int_equal(kvt__disk_open(&c, &f->d), 0);
+  kvt__disk_info in;
+  kvt__disk_get_info(f->d, &in);
+  assert_in_range(in.checksum_threads, 2, 4);
+  assert_int_equal(write_sync(f, 0, 77), 0);
+  waiter *w = waiter_new();
+  kvt_key k = key_of(77);
+  memset(host(f, 1), 0, f->rec_bytes);
+  assert_int_equal(read_async(f, w, 0, 1, &k), 0);
+  waiter_wait(w);
+  assert_int_equal(w->status[1], 0);
+  assert_true(rec_ok(host(f, 1), 77));
+  free(w);
+}
+
+/* Small records are hashed in place and hold no op while hashed: no headroom. */
+static void test_small_records_get_no_headroom(void **state) {
+  fx *f = *state;
+  kvt__disk_info in;
+  kvt__disk_get_info(f->d, &in);
+  assert_int_equal(in.checksum_threads, 0);
+  assert_int_equal(in.queue_depth, 8);
+  assert_int_equal(in.ops, 8);
+}
+
 #define CASE(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
 
 static int run_suite(const char *name) {
@@ -857,7 +982,9 @@ static int run_suite(const char *name) {
       CASE(test_batches_fail_only_bad_entries), CASE(test_a_held_done_does_not_stop_other_reads),
       CASE(test_reaper_runs_while_checksums_are_held), CASE(test_newest_call_wins_with_parallel_sealing),
       CASE(test_submit_fault_of_a_sealed_write_reaches_done), CASE(test_flipped_byte_of_a_big_record),
-      CASE(test_try_batch_never_waits),
+      CASE(test_try_batch_never_waits), CASE(test_hashed_records_get_headroom),
+      CASE(test_small_records_get_no_headroom), CASE(test_default_checksum_threads),
+      CASE(test_eio_on_one_read_of_a_full_hashed_queue),
   };
   return _cmocka_run_group_tests(name, tests, sizeof tests / sizeof tests[0], NULL, NULL);
 }

@@ -22,7 +22,8 @@
  *    backend) or CUDA's completion thread, the disk reaper, and with a disk
  *    tier one progress thread that submits a restore's disk reads; they
  *    apply completions to the tier map under the metadata lock.
- *  - Callbacks: none but the optional log handler (kvt_set_log_handler).
+ *  - Callbacks: none but the optional log hook (kvt_set_log_handler, or
+ *    the config's log_fn).
  *    kvtier never calls into the engine from its threads otherwise;
  *    completion is learned by polling or waiting.
  *  - Structs only ever grow, and `size` says which version the caller was
@@ -40,8 +41,9 @@
  *    transfers stayed in the parent) and kvt_close frees nothing; open a new
  *    cache in the child (with another disk_path: the parent keeps its file).
  *    Python engines using multiprocessing's "fork" start method hit this.
- *  - Logging: the library never writes to stdout or stderr. Install a
- *    handler with kvt_set_log_handler to see its warnings.
+ *  - Logging: the library never writes to stdout; its warnings and errors
+ *    go to stderr unless the config's log_fn, a process-wide handler
+ *    (kvt_set_log_handler) or log_level = KVT_LOG_NONE says otherwise.
  *  - Memory: block slots, jobs and requests are allocated at open / layout
  *    registration; lookup, commit, release and the copy paths do not
  *    allocate. Acquire allocates only when the block references of all live
@@ -108,14 +110,34 @@ enum {
 /* A static string for any return code (0, 1, -errno, KVT_E*). Never NULL. */
 KVT_API const char *kvt_strerror(int code);
 
-/* Log levels of kvt_set_log_handler messages. */
-enum { KVT_LOG_ERROR = 0, KVT_LOG_WARN = 1, KVT_LOG_INFO = 2 };
+/* Log levels, most severe first. KVT_LOG_NONE as a cache's log_level: no messages. */
+enum { KVT_LOG_NONE = -1, KVT_LOG_ERROR = 0, KVT_LOG_WARN = 1, KVT_LOG_INFO = 2 };
 typedef void (*kvt_log_fn)(void *ctx, int level, const char *msg);
-/* Installs the process-wide log handler (NULL: none, the default). It is
- * called on whichever thread notices the event (library threads included:
- * the one documented exception to "no callbacks"), with a one-line message
- * and no kvtier lock held; it must not call back into the cache. Messages:
- * disk I/O fallbacks, a disk tier started fresh, preallocation failures. */
+/* The log hook. A cache's messages go to its config's log_fn when set, else
+ * to the process-wide handler installed here, else to stderr as
+ * "kvtier: warning: ..." lines; the cache's log_level (KVT_LOG_WARN by
+ * default) drops the less severe ones wherever they go.
+ * A handler is called on whichever thread notices the event, kvtier's own
+ * copy workers and disk completion thread included (the one documented
+ * exception to "no callbacks"), with a one-line message, no trailing
+ * newline, and no kvtier lock held; it must return promptly and must not
+ * call into the cache. One line per operator event, never per block:
+ *  - warning: disk I/O backend fallback ("io_uring refused (...)"), io_uring
+ *    fixed buffers refused, host pool pinning refused (pageable memory),
+ *    a disk file of another namespace set aside (both paths named), a
+ *    damaged superblock (tier started empty), a disk that cannot preallocate;
+ *  - error: disk I/O errors, records failing their checksum, device copy
+ *    errors: the first at once, then at most one line per second per kind,
+ *    counting the ones in between (those still held back at kvt_close
+ *    are reported then); read errors while recovering the disk tier;
+ *    preallocation failures;
+ *  - info: a disk tier resized or recovered (blocks found, discarded).
+ * A line is written after the lock that found its event is released, so it
+ * may arrive just after a wait that saw the failure returns. A replaced
+ * handler may still be running on another thread for a moment after this
+ * call returns: keep its ctx alive until kvt_close of every cache (or
+ * process exit).
+ * NULL restores the default. */
 KVT_API void kvt_set_log_handler(kvt_log_fn fn, void *ctx);
 
 /* ------------------------------------------------------------------ */
@@ -232,6 +254,11 @@ typedef struct kvt_config {
   /* Appended after the first version (KVT_CONFIG_SIZE_V1). */
   int disk_durable;          /* 1: a block counts as on disk only once it is on stable
                                 storage (the file is opened O_DSYNC) (0) */
+  /* The log hook (see kvt_set_log_handler). log_fn NULL: the process-wide
+   * handler, else stderr. It may be called from kvtier's threads. */
+  kvt_log_fn log_fn;         /* (NULL) */
+  void *log_ctx;             /* passed to log_fn (NULL) */
+  int log_level;             /* KVT_LOG_* or KVT_LOG_NONE (KVT_LOG_WARN) */
 } kvt_config;
 
 /* Size of each struct's first version: the smallest `size` accepted. */
@@ -266,6 +293,12 @@ typedef struct kvt_layout {
 } kvt_layout;
 
 #define KVT_LAYOUT_METADATA_ONLY 0x1u
+/* Storage mode (see "Storage mode" below): the engine owns its KV memory and
+ * kvtier is only the tiers below it. num_slots must be 0 (kvtier hands out
+ * no device slots); the segments give the geometry of one block (their
+ * `bytes`; base and stride are ignored and may be NULL / 0), which sizes the
+ * records and enters the namespace exactly as in owner mode. */
+#define KVT_LAYOUT_STORAGE 0x2u
 #define KVT_LAYOUT_SIZE_V1 (offsetof(kvt_layout, flags) + sizeof(uint32_t))
 
 KVT_API void kvt_layout_init(kvt_layout *layout);
@@ -567,6 +600,171 @@ typedef struct kvt_stats {
 #define KVT_STATS_SIZE_V1 offsetof(kvt_stats, jobs_cancelled)
 
 KVT_API int kvt_get_stats(kvt_cache *c, kvt_stats *st);
+
+/* ------------------------------------------------------------------ */
+/* Storage mode: kvtier as the tiers under an engine's own memory      */
+/* ------------------------------------------------------------------ */
+
+/* An engine that owns its KV pools (vLLM, SGLang, LMCache, a custom loop
+ * with its own allocator) registers the layout with KVT_LAYOUT_STORAGE and
+ * then moves blocks between its own memory and kvtier's tiers (the host
+ * pool, optional: host_blocks = 0 sends blocks straight to disk; the disk)
+ * with the batch calls below. Keys, namespace, records, checksums, token
+ * verification, LRU cascade (host victims spill to disk, disk victims are
+ * dropped) and restart recovery are those of owner mode. There are no device
+ * slots: kvt_acquire has none to give (-E2BIG) and kvt_store nothing
+ * to copy; kvt_lookup, kvt_plan_request, kvt_prefetch (disk to kvtier's
+ * host pool) and kvt_drain work as in owner mode.
+ *
+ * Copies run on kvtier's storage workers (copy_threads of them, at most 4;
+ * 0: 2), never on the caller: each batch call returns at once with a job,
+ * whose per-block results are polled or collected in batches. Engine memory named
+ * by a job must stay valid, and (for puts) unchanged, until the job is over.
+ * Memory regions are only needed for device memory; registering host memory
+ * is optional (it lets pieces name region + offset, as an allocator's page
+ * indices do). */
+
+typedef uint32_t kvt_region;
+#define KVT_REGION_NONE 0u
+
+enum { KVT_MEM_HOST = 0, KVT_MEM_DEVICE = 1 };
+
+/* Registers len bytes of the engine's memory at base as a region (*region,
+ * never KVT_REGION_NONE). KVT_MEM_DEVICE: CUDA device memory, copied by the
+ * CUDA runtime to and from kvtier's record images (the host pool, or a
+ * worker's staging records); KVT_EUNSUPPORTED in a build without CUDA, KVT_ENODEV when
+ * no GPU is usable or base is not device memory. At most 64 regions; -ENOSPC
+ * past that, -EINVAL for NULL base, len 0 or a range that overlaps a
+ * registered region. Does not block. */
+KVT_API int kvt_register_memory(kvt_cache *c, void *base, size_t len, int kind, kvt_region *region);
+/* Forgets a region. KVT_EBUSY while a job in flight uses it, KVT_ENOJOB for
+ * an unknown region. Does not block. */
+KVT_API int kvt_unregister_memory(kvt_cache *c, kvt_region region);
+
+/* One contiguous piece of a block in the engine's memory: `ptr` (host
+ * memory, region KVT_REGION_NONE), or `offset` into a registered region.
+ * A block's pieces, in order, are its bytes (kvt_block_bytes in all): K and
+ * V per layer, one MLA page, one vLLM chunk... Fixed ABI (like iovec). */
+typedef struct kvt_piece {
+  void *ptr;
+  kvt_region region;
+  uint32_t reserved; /* 0 */
+  uint64_t offset;
+  uint64_t len;
+} kvt_piece;
+
+/* A batch of blocks for kvt_put_from / kvt_get_into. The keys are a prefix
+ * chain that continues after *parent (NULL: the sequence starts, the parent
+ * is the namespace). Every array is read during the call only (it is copied). */
+typedef struct kvt_batch {
+  uint32_t size;             /* sizeof(kvt_batch); set by kvt_batch_init */
+  uint32_t n_blocks;         /* 1..max_job_blocks */
+  const kvt_key *keys;       /* n_blocks keys */
+  const kvt_key *parent;     /* key before keys[0], or NULL */
+  /* n_blocks * block_tokens ids, or NULL. Puts store them with each block;
+   * gets verify them (a block stored with other tokens fails KVT_EMISMATCH). */
+  const uint32_t *tokens;
+  const kvt_piece *pieces;   /* every block's pieces, block after block */
+  uint32_t pieces_per_block; /* >= 1, the same for every block */
+  /* kvt_get_into: load at most this many leading blocks (the planner's k;
+   * 0: the whole cached prefix). Ignored by kvt_put_from. */
+  uint32_t max_blocks;
+  uint32_t flags;            /* KVT_KEYS_OPAQUE or 0 */
+} kvt_batch;
+#define KVT_BATCH_SIZE_V1 (offsetof(kvt_batch, flags) + sizeof(uint32_t))
+
+/* The keys are an engine's own prefix-chained hashes (kvt_keys_from_opaque):
+ * each key stands for its whole prefix on its own, so no parent is recorded
+ * or checked (parent is ignored) and a block may be asked about alone, as
+ * vLLM's per-key lookup does. Without it, keys[i]'s parent must be keys[i-1]
+ * as for kvt_hash_tokens chains. Puts and lookups of one key must agree. */
+#define KVT_KEYS_OPAQUE 0x1u
+
+KVT_API void kvt_batch_init(kvt_batch *b);
+
+/* Batch exists: the longest prefix of keys[0..n) (chained after *parent,
+ * NULL: the namespace; flags KVT_KEYS_OPAQUE: each key alone) that a tier holds, split by the fastest tier holding
+ * each block; tier_of_block[n] (may be NULL) receives KVT_TIER_* per block,
+ * KVT_TIER_NONE after the prefix. Blocks still being stored do not count.
+ * No side effects (no pin, no LRU touch): ask again as often as you like.
+ * Returns 0, -EINVAL, KVT_EVERSION (res->size), KVT_ELAYOUT. Does not block
+ * on I/O (takes the metadata lock). */
+KVT_API int kvt_exists(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, size_t n, uint32_t flags,
+                       kvt_lookup_result *res, uint8_t *tier_of_block);
+
+/* Put-from: copies the batch's blocks from the engine's memory into the host
+ * tier (or, with no host tier, to disk). A key already stored, or being
+ * stored by an earlier job, is not written twice: its result is 1 (skipped).
+ * Returns 1 with *job (always a job, even when every block is skipped), or
+ * -EINVAL (arguments; pieces that do not add up to kvt_block_bytes),
+ * KVT_ESTATE (not a storage-mode cache), KVT_EUNSUPPORTED (no host and no
+ * disk tier), -E2BIG (n_blocks > max_job_blocks), KVT_EAGAIN (every job slot
+ * busy: collect and release some). Does not block (may allocate to grow the
+ * job's piece table to the largest batch seen). */
+KVT_API int kvt_put_from(kvt_cache *c, const kvt_batch *b, kvt_job *job);
+
+/* Get-into: loads the longest cached prefix of the batch's keys (at most
+ * max_blocks) into the engine's memory. The blocks are pinned in their tier
+ * by this call, so the job loads exactly the prefix kvt_exists would have
+ * reported now (less max_blocks). Per-block results: 0 landed, 1 not loaded
+ * (past the prefix or max_blocks: compute it), or the block's error
+ * (KVT_ECORRUPT checksum, KVT_EMISMATCH tokens, -EIO...: compute it; a disk
+ * record that failed is dropped). Returns 1 with *job, or the errors of
+ * kvt_put_from. Does not block. */
+KVT_API int kvt_get_into(kvt_cache *c, const kvt_batch *b, kvt_job *job);
+
+/* Removes keys[0..n) from every tier (a disk record is tombstoned so a
+ * restart does not bring it back). Blocks in use by a job in flight are
+ * kept. *n_removed (may be NULL) receives how many were removed. May block
+ * (the tombstone writes). */
+KVT_API int kvt_remove(kvt_cache *c, const kvt_key *keys, size_t n, size_t *n_removed);
+
+/* A storage job: 1 while in flight, else 0 (every block landed or was
+ * skipped) or the first block error. Never blocks. */
+KVT_API int kvt_storage_poll(kvt_cache *c, kvt_job job);
+/* As poll, waiting up to timeout_ns (< 0: forever; else KVT_ETIMEDOUT).
+ * May block. */
+KVT_API int kvt_storage_wait(kvt_cache *c, kvt_job job, int64_t timeout_ns);
+/* Per-block results of a finished job: results[0..n) (n <= the job's
+ * blocks) as described at kvt_put_from / kvt_get_into; *n_ok (may be NULL)
+ * receives the length of the leading run of blocks with result 0 (for a get:
+ * the prefix now valid in the engine's memory). Returns 0, 1 while in flight
+ * (nothing written), KVT_ENOJOB, -EINVAL. Never blocks. */
+KVT_API int kvt_storage_results(kvt_cache *c, kvt_job job, int32_t *results, size_t n, uint32_t *n_ok);
+/* Finished jobs, each reported once, oldest first: up to max handles in
+ * jobs[] and their status (as poll) in status[] (may be NULL); *n receives
+ * the count. The handles stay valid for kvt_storage_results until released.
+ * Returns 0. Never blocks (the shape of vLLM's get_finished_jobs). */
+KVT_API int kvt_storage_collect(kvt_cache *c, kvt_job *jobs, int *status, size_t max, size_t *n);
+/* Every storage job is released once; releasing one in flight detaches it
+ * (it completes on its own and is then freed, never collected). */
+KVT_API int kvt_storage_release(kvt_cache *c, kvt_job job);
+
+/* ------------------------------------------------------------------ */
+/* Metrics for an operator                                             */
+/* ------------------------------------------------------------------ */
+
+enum { KVT_METRICS_PROMETHEUS = 0, KVT_METRICS_JSON = 1 };
+
+/* Writes the cache's metrics as text into buf: KVT_METRICS_PROMETHEUS is
+ * the Prometheus text exposition format (version 0.0.4: # HELP and # TYPE
+ * lines, then samples), KVT_METRICS_JSON one JSON object with the same
+ * figures (docs/metrics.md lists every name). Names start with "kvtier_";
+ * per-tier figures carry a tier label (device, host, disk), transfers src
+ * and dst labels. There is no server in the library: serve the text from
+ * the engine's own /metrics endpoint.
+ * On entry *len is buf's size in bytes; on return it is the text's length
+ * without its terminating NUL, whether or not it fit. Returns 0 when the
+ * text and its NUL fit, -ENOBUFS when they did not (buf then holds a
+ * truncated, NUL-terminated prefix when *len was at least 1; call again
+ * with a buffer of at least the returned *len + 1 bytes, plus headroom:
+ * counters grow between calls). buf may be NULL when *len is 0 (a size
+ * query). Takes the metadata lock briefly; does not allocate; valid
+ * before kvt_register_layout (capacities 0). Returns -EINVAL for a NULL
+ * cache or len, an unknown format, or buf NULL with *len > 0. Counters are
+ * monotonic for the cache's lifetime; figures exact once transfers are
+ * drained (a restore counts as a hit when it landed). */
+KVT_API int kvt_metrics_write(kvt_cache *c, int format, char *buf, size_t *len);
 
 /* Tier-map memory per block of capacity (device + host + disk slots),
  * allocated at registration: an 80-byte entry, 16 bytes of index (load

@@ -87,6 +87,7 @@ class BlockState(enum.IntEnum):
 
 
 class LogLevel(enum.IntEnum):
+    NONE = -1  # as a cache's log_level: no messages
     ERROR = 0
     WARN = 1
     INFO = 2
@@ -141,14 +142,17 @@ def _check(rc, call):
     return rc
 
 
-_log_callback = None  # the installed cffi callback, kept alive while installed
+_log_callback = None  # the installed cffi callback
+# Replaced callbacks stay alive: the library may still be running one on
+# another thread just after kvt_set_log_handler returns (a few bytes each).
+_retired_log_callbacks = []
 
 
 def set_log_handler(handler):
     """Installs the process-wide handler of the library's log messages
     (kvt_set_log_handler): handler(level: LogLevel, message: str), or
     "logging" to send them to logging.getLogger("kvtier"), or None (default:
-    the library logs nothing). The handler runs on whichever thread noticed
+    warnings and errors go to stderr; a cache's log_level filters them). The handler runs on whichever thread noticed
     the event, library threads included, holding the GIL; it must not call
     into a cache. Exceptions it raises are printed and otherwise ignored."""
     global _log_callback
@@ -161,6 +165,8 @@ def set_log_handler(handler):
             logger.log(levels.get(int(level), logging.INFO), "%s", message)
     if handler is None:
         lib.kvt_set_log_handler(ffi.NULL, ffi.NULL)
+        if _log_callback is not None:
+            _retired_log_callbacks.append(_log_callback)
         _log_callback = None
         return
 
@@ -169,7 +175,9 @@ def set_log_handler(handler):
 
     cb = ffi.callback("kvt_log_fn", trampoline)
     lib.kvt_set_log_handler(cb, ffi.NULL)
-    _log_callback = cb  # the previous one is freed only once the new one is in place
+    if _log_callback is not None:
+        _retired_log_callbacks.append(_log_callback)
+    _log_callback = cb
 
 
 # --------------------------------------------------------------------------
@@ -878,3 +886,18 @@ class Cache:
         st = Stats()
         _check(lib.kvt_get_stats(self._ptr(), st._c), "kvt_get_stats")
         return st
+
+    def metrics(self, format="prometheus"):
+        """The cache's metrics (kvt_metrics_write) as a str: "prometheus" for
+        the text exposition format, "json" for the same figures as JSON.
+        kvtier.prometheus.KvtierCollector exports them to prometheus_client."""
+        fmt = {"prometheus": 0, "json": 1}[format]
+        size = ffi.new("size_t *", 0)
+        while True:
+            cap = size[0] + 4096  # counters may gain digits between the calls
+            buf = ffi.new("char[]", cap)
+            size[0] = cap
+            rc = lib.kvt_metrics_write(self._ptr(), fmt, buf, size)
+            if rc != -_errno.ENOBUFS:
+                _check(rc, "kvt_metrics_write")
+                return ffi.string(buf, size[0]).decode()

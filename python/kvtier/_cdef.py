@@ -47,6 +47,9 @@ typedef struct kvt_config {
   uint32_t max_jobs;
   uint32_t max_job_blocks;
   int disk_durable;
+  kvt_log_fn log_fn;
+  void *log_ctx;
+  int log_level;
 } kvt_config;
 void kvt_config_init(kvt_config *cfg);
 
@@ -203,6 +206,41 @@ typedef struct kvt_stats {
   uint64_t disk_recover_bytes;
 } kvt_stats;
 int kvt_get_stats(kvt_cache *c, kvt_stats *st);
+
+typedef uint32_t kvt_region;
+int kvt_register_memory(kvt_cache *c, void *base, size_t len, int kind, kvt_region *region);
+int kvt_unregister_memory(kvt_cache *c, kvt_region region);
+typedef struct kvt_piece {
+  void *ptr;
+  kvt_region region;
+  uint32_t reserved;
+  uint64_t offset;
+  uint64_t len;
+} kvt_piece;
+typedef struct kvt_batch {
+  uint32_t size;
+  uint32_t n_blocks;
+  const kvt_key *keys;
+  const kvt_key *parent;
+  const uint32_t *tokens;
+  const kvt_piece *pieces;
+  uint32_t pieces_per_block;
+  uint32_t max_blocks;
+  uint32_t flags;
+} kvt_batch;
+void kvt_batch_init(kvt_batch *b);
+int kvt_exists(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, size_t n, uint32_t flags,
+               kvt_lookup_result *res, uint8_t *tier_of_block);
+int kvt_put_from(kvt_cache *c, const kvt_batch *b, kvt_job *job);
+int kvt_get_into(kvt_cache *c, const kvt_batch *b, kvt_job *job);
+int kvt_remove(kvt_cache *c, const kvt_key *keys, size_t n, size_t *n_removed);
+int kvt_storage_poll(kvt_cache *c, kvt_job job);
+int kvt_storage_wait(kvt_cache *c, kvt_job job, int64_t timeout_ns);
+int kvt_storage_results(kvt_cache *c, kvt_job job, int32_t *results, size_t n, uint32_t *n_ok);
+int kvt_storage_collect(kvt_cache *c, kvt_job *jobs, int *status, size_t max, size_t *n);
+int kvt_storage_release(kvt_cache *c, kvt_job job);
+
+int kvt_metrics_write(kvt_cache *c, int format, char *buf, size_t *len);
 """
 
 # Error codes of KVT_ERROR_MAP (never renumbered or reused).

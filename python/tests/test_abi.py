@@ -12,7 +12,7 @@ import kvtier
 from kvtier._lib import ffi
 
 STRUCTS = ["kvt_key", "kvt_config", "kvt_segment", "kvt_layout", "kvt_lookup_result", "kvt_model_desc",
-           "kvt_link", "kvt_hw_desc", "kvt_plan", "kvt_acquire_info", "kvt_stats"]
+           "kvt_link", "kvt_hw_desc", "kvt_plan", "kvt_acquire_info", "kvt_stats", "kvt_piece", "kvt_batch"]
 
 
 def _include_dir():

@@ -604,9 +604,9 @@ def test_log_handler_receives_library_messages(tmp_path):
     path = str(tmp_path / "kv.cache")
     kvtier.set_log_handler(lambda level, msg: messages.append((level, msg)))
     try:
-        for disk_blocks in (8, 16):  # reopening with another size resizes the tier, which is logged
+        for disk_blocks in (8, 16):  # reopening with another size resizes the tier, logged at INFO
             with kvtier.Cache(model_fingerprint="m", device=kvtier.Device.HOST, host_blocks=4,
-                              disk_path=path, disk_blocks=disk_blocks) as c:
+                              disk_path=path, disk_blocks=disk_blocks, log_level=kvtier.LogLevel.INFO) as c:
                 c.register_pool(np.zeros((1, 1, 4, 512), np.uint8))
     finally:
         kvtier.set_log_handler(None)

@@ -36,6 +36,7 @@ void kvt_config_init(kvt_config *cfg) {
   cfg->max_requests = 1024;
   cfg->max_jobs = 256;
   cfg->max_job_blocks = 8192;
+  cfg->log_level = KVT_LOG_WARN;
 }
 
 void kvt_layout_init(kvt_layout *layout) {
@@ -57,6 +58,7 @@ static int config_ok(const kvt_config *cfg) {
   if (cfg->disk_path && !cfg->disk_blocks) return 0;
   if (cfg->disk_queue_depth == 0 || cfg->disk_queue_depth > MAX_QUEUE_DEPTH) return 0;
   if (cfg->disk_blocks > UINT32_MAX - 1 || cfg->host_blocks > UINT32_MAX - 1) return 0;
+  if (cfg->log_level < KVT_LOG_NONE || cfg->log_level > KVT_LOG_INFO) return 0;
   return 1;
 }
 
@@ -102,6 +104,7 @@ int kvt_open(const kvt_config *user, kvt_cache **out) {
   c->cfg.model_fingerprint = c->model_fp;
   c->cfg.disk_path = c->disk_path;
   c->bt = cfg->block_tokens;
+  c->log = (kvt__log_sink){cfg->log_fn, cfg->log_ctx, cfg->log_level};
   c->st.size = sizeof c->st;
   struct {
     void *p;
@@ -185,6 +188,7 @@ static int segments_disjoint(kvt_cache *c, const kvt_segment *seg, uint32_t n, u
 }
 
 static int layout_ok(kvt_cache *c, const kvt_layout *l) {
+  if (l->flags & KVT_LAYOUT_STORAGE) return kvt__storage_layout_ok(c, l);
   if (!l->num_layers || !l->segments_per_layer || !l->num_slots || l->num_slots == UINT32_MAX) {
     set_detail(c, "num_layers, segments_per_layer and num_slots must be at least 1");
     return -EINVAL;
@@ -214,6 +218,8 @@ static int layout_ok(kvt_cache *c, const kvt_layout *l) {
 static int open_device(kvt_cache *c) {
   kvt_dev_open_args a = {.layout = &c->layout, .cuda_device = c->cfg.cuda_device, .copy_threads = c->cfg.copy_threads};
   int rc = KVT_ENODEV;
+  /* Storage mode owns no device slots: the host backend allocates the pool. */
+  if (c->storage_mode) return kvt__dev_open(&c->dev, kvt_dev_backend_host(), &a);
   if (c->cfg.device != KVT_DEVICE_HOST && kvt_dev_backend_cuda()) rc = kvt__dev_open(&c->dev, kvt_dev_backend_cuda(), &a);
   if (rc == KVT_ENODEV && c->cfg.device == KVT_DEVICE_AUTO) rc = kvt__dev_open(&c->dev, kvt_dev_backend_host(), &a);
   else if (c->cfg.device == KVT_DEVICE_HOST) rc = kvt__dev_open(&c->dev, kvt_dev_backend_host(), &a);
@@ -238,7 +244,8 @@ static int compute_namespace(kvt_cache *c) {
 }
 
 static int alloc_tables(kvt_cache *c) {
-  uint64_t cap = c->cap[0] + c->cap[1] + c->cap[2];
+  /* Storage mode: room for the entries of blocks being put before their slots exist. */
+  uint64_t cap = c->cap[0] + c->cap[1] + c->cap[2] + (c->storage_mode ? 2ull * c->cfg.max_job_blocks : 0);
   if (cap > (1u << 30)) return -E2BIG;
   int rc = kvt__index_init(&c->map, (uint32_t)cap);
   for (int t = 0; rc == 0 && t < KVT__NTIERS; t++) rc = kvt__slots_init(&c->slots[t], (uint32_t)c->cap[t]);
@@ -307,6 +314,7 @@ static int open_disk(kvt_cache *c) {
     char *alt = malloc(strlen(c->disk_path) + 40);
     if (!alt) return -ENOMEM;
     sprintf(alt, "%s.%016llx%016llx", c->disk_path, (unsigned long long)c->ns.hi, (unsigned long long)c->ns.lo);
+    kvt__log_to(&c->log, KVT_LOG_WARN, "%s holds another model, layout or format: set aside untouched; this cache uses %s", c->disk_path, alt);
     free(c->disk_path);
     c->disk_path = alt;
     c->cfg.disk_path = alt;
@@ -328,6 +336,8 @@ static int open_disk(kvt_cache *c) {
   c->st.disk_resize_moved = ds.resize_moved;
   c->st.disk_resize_dropped = ds.resize_dropped;
   c->st.disk_recover_bytes = ds.recover_bytes;
+  if (ds.io_errors) kvt__log_to(&c->log, KVT_LOG_ERROR, "%s: %llu I/O errors while recovering the disk tier; the slots they hit were discarded", c->disk_path, (unsigned long long)ds.io_errors);
+  kvt__log_to(&c->log, KVT_LOG_INFO, "%s: recovered %llu blocks, discarded %llu records", c->disk_path, (unsigned long long)c->st.disk_recovered, (unsigned long long)discarded);
   return rc < 0 ? rc : 0;
 }
 
@@ -351,6 +361,7 @@ int kvt_register_layout(kvt_cache *c, const kvt_layout *user) {
   }
   c->layout = *layout;
   c->metadata_only = (layout->flags & KVT_LAYOUT_METADATA_ONLY) != 0;
+  c->storage_mode = (layout->flags & KVT_LAYOUT_STORAGE) != 0;
   uint32_t nseg = layout->num_layers * layout->segments_per_layer;
   if (!c->metadata_only) {
     c->segments = malloc(sizeof *c->segments * nseg);
@@ -369,10 +380,13 @@ int kvt_register_layout(kvt_cache *c, const kvt_layout *user) {
   if (rc == 0) rc = alloc_tables(c);
   for (uint32_t j = 0; rc == 0 && !c->metadata_only && j < c->n_jobs; j++)
     rc = kvt__dev_xfer_prepare(&c->dev, &c->jobs[j].xfer);
+  kvt__log_scope(&c->log); /* the host pool, disk store and I/O backends log as this cache */
   if (rc == 0 && !c->metadata_only)
     rc = kvt__host_pool_init(&c->host, &c->dev, c->cap[KVT__T_HOST], c->record_bytes, c->cfg.host_mlock);
   if (rc < 0 && !c->detail[0]) set_detail(c, "tables and host pool: %s", kvt_strerror(rc));
   if (rc == 0) rc = open_disk(c);
+  if (rc == 0 && c->storage_mode) rc = kvt__storage_init(c);
+  kvt__log_scope(NULL);
   if (rc < 0 && !c->detail[0]) set_detail(c, "disk_path %s: %s", c->disk_path, kvt_strerror(rc));
   if (rc < 0) {
     c->register_failed = 1; /* kvt_close frees what was set up */
@@ -406,7 +420,9 @@ void kvt_close(kvt_cache *c) {
    * the copy-on-write image, so the child's copy is left as it is. */
   if (kvt__forked(c)) return;
   if (c->jobs) kvt_drain(c);
+  kvt__storage_fini(c); /* waits for storage jobs in flight */
   kvt__progress_stop(c);
+  kvt__events_flush_final(c);
   if (c->disk) kvt__disk_close(c->disk);
   kvt__jobs_fini(c);
   kvt__host_pool_fini(&c->host, &c->dev);

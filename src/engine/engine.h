@@ -12,10 +12,12 @@
 #include "core/calib.h"
 #include "core/index.h"
 #include "dev/dev.h"
+#include "engine/metrics.h"
 #include "kvtier/backend.h"
 #include "store/disk_store.h"
 #include "store/host_pool.h"
 #include "util/fork.h"
+#include "util/log.h"
 
 enum { KVT__T_DEV = 0, KVT__T_HOST = 1, KVT__T_DISK = 2 };
 
@@ -106,6 +108,8 @@ struct kvt_cache {
   pthread_mutex_t lock;
   pthread_cond_t cond;
   int layout_ready, metadata_only;
+  int storage_mode;     /* KVT_LAYOUT_STORAGE: the engine owns its memory (storage.c) */
+  struct kvt__storage *storage;
   int register_failed;  /* a failed kvt_register_layout leaves the cache only closable */
   uint32_t salt;        /* mixed into handle generations: foreign handles do not match */
   kvt_layout layout;
@@ -157,6 +161,8 @@ struct kvt_cache {
   int have_cost;
 
   kvt_stats st;
+  kvt__metrics metrics; /* engine/metrics.h: atomics, no lock */
+  kvt__log_sink log;    /* where this cache's messages go (from the config) */
   uint32_t fork_gen;   /* kvt__fork_gen() at open: another value means a forked child */
   char detail[256];    /* kvt_error_detail: why kvt_register_layout failed */
 };
@@ -204,6 +210,11 @@ void kvt__drop_tier(kvt_cache *c, uint32_t e, int tier);
 void kvt__maybe_remove(kvt_cache *c, uint32_t e);
 uint32_t kvt__start_store(kvt_cache *c, const uint32_t *entries, uint32_t n, uint32_t flags);
 void kvt__fill_record_identity(kvt_cache *c, uint32_t e, uint32_t dev_slot, uint32_t host_slot);
+
+/* storage.c: storage mode (KVT_LAYOUT_STORAGE). */
+int kvt__storage_layout_ok(kvt_cache *c, const kvt_layout *l);
+int kvt__storage_init(kvt_cache *c);  /* at the end of kvt_register_layout */
+void kvt__storage_fini(kvt_cache *c); /* in kvt_close, after kvt_drain; NULL storage is fine */
 
 /* check.c: 0 if the tier map's invariants hold, else -1 with a reason. */
 int kvt__check_invariants(kvt_cache *c, char *msg, size_t len);

@@ -157,6 +157,7 @@ static void ref_go_private(kvt_cache *c, kvt__job *jb, kvt__op *op) {
     if (op->from_disk) c->st.hits_disk--;
     else c->st.hits_host--;
     c->st.misses++;
+    KVT__M_ADD(c, miss_blocks[op->status == KVT_EMISMATCH ? KVT__MISS_MISMATCH : KVT__MISS_LOAD_ERROR], 1);
   }
 }
 
@@ -171,6 +172,7 @@ static void store_done(kvt_cache *c, kvt__job *jb, kvt__op *op) {
     kvt__index_set_state(&c->map, e, KVT__T_HOST, KVT__ABSENT, 0);
     kvt__slots_put(&c->slots[KVT__T_HOST], op->slot[KVT__T_HOST]);
     if (op->status != KVT_ECANCELED) c->st.copy_errors++;
+    if (op->status != KVT_ECANCELED) kvt__event_note(c, KVT__EV_COPY, op->status, UINT64_MAX);
   }
   if (jb->flags & KVT__JF_EVICT) {
     kvt__entry *en = kvt__E(c, e);
@@ -200,11 +202,13 @@ static void load_done(kvt_cache *c, kvt__job *jb, kvt__op *op) {
         memcpy(c->dev_tokens + (size_t)ds * c->bt, kvt__record_tokens(rec), (size_t)c->bt * sizeof(uint32_t));
     }
     c->st.blocks_h2d++;
+    KVT__M_ADD(c, hit_blocks[op->from_disk ? KVT__T_DISK : KVT__T_HOST], 1);
     c->st.bytes_h2d += c->block_bytes;
   } else {
     kvt__index_set_state(&c->map, e, KVT__T_DEV, KVT__ABSENT, 0);
     ref_go_private(c, jb, op);
     c->st.copy_errors++;
+    kvt__event_note(c, KVT__EV_COPY, op->status, UINT64_MAX);
   }
 }
 
@@ -219,6 +223,7 @@ static void spill_done(kvt_cache *c, kvt__job *jb, kvt__op *op) {
     kvt__index_set_state(&c->map, e, KVT__T_DISK, KVT__ABSENT, 0);
     kvt__slots_put(&c->slots[KVT__T_DISK], op->slot[KVT__T_DISK]);
     c->st.io_errors++;
+    kvt__event_note(c, KVT__EV_IO, op->status, op->slot[KVT__T_DISK]);
   }
   if (jb->flags & KVT__JF_EVICT) {
     kvt__entry *en = kvt__E(c, e);
@@ -253,6 +258,7 @@ static void fetch_failed(kvt_cache *c, uint32_t e, int status) {
   if (status == KVT_ECORRUPT) c->st.checksum_failures++;
   else if (status == KVT_EMISMATCH) c->st.verify_mismatches++;
   else c->st.io_errors++;
+  if (status != KVT_EMISMATCH) kvt__event_note(c, status == KVT_ECORRUPT ? KVT__EV_CHECKSUM : KVT__EV_IO, status, en->slot[KVT__T_DISK]);
   if (en->state[KVT__T_DISK] == KVT__VALID && en->pins[KVT__T_DISK] == 0) kvt__drop_tier(c, e, KVT__T_DISK);
 }
 
@@ -296,7 +302,9 @@ static uint32_t cut_loads_at_first_failure(kvt_cache *c, kvt__job *jb) {
 }
 
 static void observe(kvt_cache *c, kvt__job *jb, int path, uint64_t bytes) {
-  double s = (double)(kvt__now_ns() - jb->t_start) * 1e-9;
+  int64_t ns = kvt__now_ns() - jb->t_start;
+  double s = (double)ns * 1e-9;
+  KVT__M_TRANSFER(c, jb, path, ns);
   if (c->have_cost && bytes) kvt__calib_observe_transfer(&c->calib, path, bytes, 1, s);
 }
 
@@ -520,6 +528,7 @@ static void dev_done(kvt_dev_xfer *x, int status) {
   finish_job(c, jb);
   pthread_cond_broadcast(&c->cond);
   pthread_mutex_unlock(&c->lock);
+  kvt__events_flush(c);
   if (here) submit_from_library_thread(c, next);
 }
 
@@ -552,5 +561,6 @@ static void disk_op_done(void *arg, int status) {
   }
   pthread_cond_broadcast(&c->cond);
   pthread_mutex_unlock(&c->lock);
+  kvt__events_flush(c);
   if (load_next) submit_from_library_thread(c, jb->index);
 }

@@ -93,6 +93,7 @@ int kvt_plan_request(kvt_cache *c, const kvt_key *keys, size_t n_blocks, size_t 
   kvt__calib_hw(&c->calib, &hw);
   kvt_plan full = {.size = sizeof full};
   int rc = kvt_cost_plan(&c->model, &hw, c->bt, n_tokens, prefix, c->scratch_tiers, &full);
+  if (rc == 0) KVT__M_PLAN(c, &full);
   pthread_mutex_unlock(&c->lock);
   return rc ? rc : kvt__struct_out(plan, &full, sizeof full, KVT_PLAN_SIZE_V1);
 }
@@ -377,6 +378,7 @@ int kvt_acquire_after(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, 
   c->st.hits_host += sr.per_tier[KVT__T_HOST];
   c->st.hits_disk += sr.per_tier[KVT__T_DISK];
   c->st.misses += n_blocks - sr.n;
+  KVT__M_ACQUIRE(c, n_blocks, restore, sr.n, sr.mismatch, sr.per_tier[KVT__T_DEV]);
   *req = ((uint64_t)rq->gen << 32) | (r + 1);
   /* Disk reads wait for free queue slots: the progress thread submits
    * them, and the caller returns at once. */

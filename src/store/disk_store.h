@@ -51,7 +51,9 @@
  * most one operation per slot may be in flight: a second one returns
  * KVT_EBUSY (the tier map's storing/loading states make this the engine's
  * normal behaviour anyway). Submission blocks while queue_depth operations
- * are in flight. */
+ * are in flight; for records hashed on the checksum threads, half as many
+ * again (a record being verified or sealed holds its operation but no
+ * place at the disk, which keeps queue_depth I/Os). */
 #ifndef KVT_STORE_DISK_STORE_H
 #define KVT_STORE_DISK_STORE_H
 
@@ -70,7 +72,7 @@ typedef struct kvt__disk_cfg {
   uint32_t block_tokens;
   uint64_t payload_bytes;    /* per block */
   kvt_key ns;                /* namespace; a file of another one: KVT_ENAMESPACE unless reset */
-  uint32_t queue_depth;      /* 0: 32 */
+  uint32_t queue_depth;      /* 0: 32; I/Os at the disk (see Threads above) */
   kvt_disk_backend backend;
   int reset;                 /* discard the file's contents */
   const void *const *bufs;   /* host pool memory to register with the backend */
@@ -84,7 +86,7 @@ typedef struct kvt__disk_cfg {
   size_t detail_len;
   uint32_t checksum_threads; /* threads that seal writes and verify reads of
                                 records of 256 KiB and more (else none), at
-                                most 8; 0: one per two online CPUs, 1 to 4 */
+                                most 8; 0: one per two online CPUs, 2 to 4 */
 } kvt__disk_cfg;
 
 /* Opens (creating or extending) the file, checks its superblock, starts the
@@ -160,6 +162,9 @@ typedef struct kvt__disk_info {
   const char *fallback;     /* why io_uring is not used under KVT_DISK_AUTO ("" if it is) */
   uint64_t slots, slot_bytes, data_offset;
   uint32_t checksum_threads; /* threads sealing writes and verifying reads */
+  uint32_t queue_depth;      /* as configured (or the default) */
+  uint32_t ops;              /* operations in flight at most: queue_depth, + half again
+                                when records are hashed on the checksum threads */
 } kvt__disk_info;
 
 typedef struct kvt__disk_stats {

@@ -9,6 +9,7 @@
 
 #include "dev/cuda/cuda_internal.h"
 #include "util/fault.h"
+#include "util/log.h"
 
 static size_t page_round(size_t bytes) {
   size_t pg = (size_t)sysconf(_SC_PAGESIZE);
@@ -48,6 +49,7 @@ int kvt__cuda_host_alloc(void *ctx, size_t bytes, void **ptr, int *pinned) {
   int prev = kvt__cuda_enter(c);
   int ok = pin_region(p, len);
   kvt__cuda_leave(c, prev);
+  if (!ok) kvt__log(KVT_LOG_WARN, "host pool: CUDA refused to pin %zu bytes; using pageable memory (slower copies)", len);
   pthread_mutex_lock(&c->region_lock);
   full = c->n_regions == KVT__CUDA_MAX_REGIONS; /* a racing alloc took the last entry */
   if (!full) c->regions[c->n_regions++] = (cuda_region){(uintptr_t)p, len, ok};

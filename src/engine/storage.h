@@ -1,0 +1,96 @@
+/* Storage mode internals: the engine owns its memory, kvtier is the tiers
+ * below it (kvtier.h, "Storage mode").
+ *
+ * A batch call claims its blocks in the tier map under c->lock (puts: an
+ * entry FILLING in the destination tier, so a second put of the key skips
+ * it; gets: a pin on the source tier, so the block stays while it is read)
+ * and queues the job for a storage worker. The worker makes room (the owner
+ * mode cascade: host victims spill to disk, disk victims are dropped), moves
+ * the bytes between the engine's pieces and a record image (a host slot, or
+ * its staging ring for disk I/O), and commits each block's result under
+ * c->lock. Disk completions only mark a staging buffer done (data, not
+ * callbacks); the worker retires it. Job and region tables are guarded by
+ * c->lock; a staging ring by its worker's own lock. */
+#ifndef KVT_ENGINE_STORAGE_H
+#define KVT_ENGINE_STORAGE_H
+
+#include <pthread.h>
+
+#include "engine/engine.h"
+
+#define KVT__MAX_REGIONS 64u
+#define KVT__STAGE_DEPTH 8u /* records in flight per worker */
+
+typedef struct kvt__region {
+  char *base;
+  size_t len;
+  int kind;       /* KVT_MEM_* */
+  uint32_t users; /* jobs in flight naming it */
+  uint8_t used;
+} kvt__region;
+
+typedef struct kvt__spiece {
+  char *ptr;
+  uint64_t len;
+  uint8_t device;
+} kvt__spiece;
+
+enum { KVT__SJ_PUT = 1, KVT__SJ_GET = 2 };
+
+typedef struct kvt__sblock {
+  uint32_t entry; /* KVT__NONE: skipped or not loaded */
+  uint8_t tier;   /* put: destination; get: source */
+  int32_t result;
+} kvt__sblock;
+
+typedef struct kvt__sjob {
+  uint32_t gen;
+  uint8_t busy, done, user, kind, has_tokens;
+  int status;
+  uint32_t n_blocks, ppb;
+  uint64_t regions; /* bit r: region r+1 is named by a piece */
+  kvt__sblock *blocks;
+  kvt_key *keys;
+  kvt__spiece *pieces;
+  size_t pieces_cap;
+  uint32_t *tokens;
+  size_t tokens_cap;
+} kvt__sjob;
+
+typedef struct kvt__stage {
+  void *rec;
+  uint32_t block; /* block index in the job, KVT__NONE when idle */
+  int in_flight;
+  int status;
+  struct kvt__sworker *w;
+} kvt__stage;
+
+typedef struct kvt__sworker {
+  kvt_cache *c;
+  pthread_t thread;
+  pthread_mutex_t lock; /* guards the ring's in_flight / status */
+  pthread_cond_t cond;
+  kvt__stage stage[KVT__STAGE_DEPTH];
+  uint32_t next;
+} kvt__sworker;
+
+typedef struct kvt__storage {
+  kvt__region regions[KVT__MAX_REGIONS];
+  kvt__sjob *jobs;
+  uint32_t *free_jobs, n_free;
+  uint32_t *queue, q_head, q_len;  /* jobs waiting for a worker */
+  uint32_t *done_q, d_head, d_len; /* finished user jobs not yet collected */
+  pthread_cond_t work;             /* with c->lock: the queue grew or stop */
+  int stop;
+  uint32_t n_workers;
+  kvt__sworker *workers;
+  int started;
+} kvt__storage;
+
+/* storage_run.c: the worker thread. */
+void *kvt__storage_worker(void *arg);
+/* storage_dev.c: device memory (CUDA builds). */
+int kvt__storage_dev_check(void *base, size_t len);
+int kvt__storage_dev_copy(void *dst, const void *src, size_t len, int to_device);
+
+#endif

@@ -1,0 +1,280 @@
+/* Storage mode workers: make room, move bytes between the engine's pieces
+ * and record images, commit per-block results (storage.h). */
+#include <errno.h>
+#include <string.h>
+#include <unistd.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "engine/storage.h"
+#include "store/record.h"
+
+/* ---- bytes ---- */
+
+/* Pieces of block i -> payload (put) or payload -> pieces (get). */
+static int copy_pieces(kvt__sjob *jb, uint32_t i, char *payload, int to_engine) {
+  const kvt__spiece *p = &jb->pieces[(size_t)i * jb->ppb];
+  size_t off = 0;
+  for (uint32_t k = 0; k < jb->ppb; off += p[k].len, k++) {
+    if (p[k].device) {
+      int rc = to_engine ? kvt__storage_dev_copy(p[k].ptr, payload + off, p[k].len, 1)
+                         : kvt__storage_dev_copy(payload + off, p[k].ptr, p[k].len, 0);
+      if (rc) return rc;
+    } else if (to_engine) {
+      memcpy(p[k].ptr, payload + off, p[k].len);
+    } else {
+      memcpy(payload + off, p[k].ptr, p[k].len);
+    }
+  }
+  return 0;
+}
+
+/* Record identity of put block i (the disk store seals the rest). */
+static void fill_identity(kvt_cache *c, kvt__sjob *jb, uint32_t i, void *rec, const kvt_key *parent) {
+  kvt__record_hdr *h = rec;
+  memset(h, 0, sizeof *h);
+  h->magic = KVT_RECORD_MAGIC;
+  h->version = KVT_RECORD_VERSION;
+  h->ns = c->ns;
+  h->key = jb->keys[i];
+  h->parent = *parent;
+  h->payload_len = c->block_bytes;
+  if (jb->has_tokens) {
+    h->flags |= KVT_RECORD_F_TOKENS;
+    h->token_count = c->bt;
+    memcpy(kvt__record_tokens(rec), jb->tokens + (size_t)i * c->bt, (size_t)c->bt * sizeof(uint32_t));
+  }
+}
+
+/* Get: the record's tokens against the batch's (exactness). */
+static int verify_tokens(kvt_cache *c, kvt__sjob *jb, uint32_t i, void *rec) {
+  const kvt__record_hdr *h = rec;
+  if (!jb->has_tokens || !(h->flags & KVT_RECORD_F_TOKENS)) return 0;
+  size_t len = (size_t)c->bt * sizeof(uint32_t);
+  return memcmp(kvt__record_tokens(rec), jb->tokens + (size_t)i * c->bt, len) ? KVT_EMISMATCH : 0;
+}
+
+/* ---- commits (c->lock held) ---- */
+
+static void put_commit(kvt_cache *c, kvt__sjob *jb, uint32_t i, int status) {
+  kvt__sblock *sb = &jb->blocks[i];
+  uint32_t e = sb->entry, slot = kvt__E(c, e)->slot[sb->tier];
+  if (status == 0) {
+    kvt__index_set_state(&c->map, e, sb->tier, KVT__VALID, slot);
+  } else {
+    kvt__index_set_state(&c->map, e, sb->tier, KVT__ABSENT, 0);
+    if (slot != KVT__NONE) kvt__slots_put(&c->slots[sb->tier], slot);
+    kvt__maybe_remove(c, e);
+    if (sb->tier == KVT__T_DISK && status != KVT_ENOSPACE) c->st.io_errors++;
+    else if (status != KVT_ENOSPACE) c->st.copy_errors++;
+  }
+  sb->result = status;
+}
+
+static void get_commit(kvt_cache *c, kvt__sjob *jb, uint32_t i, int status) {
+  kvt__sblock *sb = &jb->blocks[i];
+  uint32_t e = sb->entry;
+  kvt__index_unpin(&c->map, e, sb->tier);
+  kvt__entry *en = kvt__E(c, e);
+  if (status == 0) {
+    kvt__index_touch(&c->map, e, sb->tier);
+  } else {
+    if (status == KVT_ECORRUPT) c->st.checksum_failures++;
+    else if (status == KVT_EMISMATCH) c->st.verify_mismatches++;
+    else if (sb->tier == KVT__T_DISK) c->st.io_errors++;
+    else c->st.copy_errors++;
+    /* A record that failed its checks or its read is never trusted again. */
+    if (sb->tier == KVT__T_DISK && status != KVT_EMISMATCH && en->state[KVT__T_DISK] == KVT__VALID &&
+        en->pins[KVT__T_DISK] == 0) {
+      kvt__drop_tier(c, e, KVT__T_DISK);
+      c->st.evictions_disk++;
+      kvt__maybe_remove(c, e);
+    }
+  }
+  sb->result = status;
+}
+
+/* ---- the staging ring (disk I/O) ---- */
+
+static void stage_done(void *arg, int status) {
+  kvt__stage *st = arg;
+  kvt__sworker *w = st->w;
+  pthread_mutex_lock(&w->lock);
+  st->status = status;
+  st->in_flight = 0;
+  pthread_cond_broadcast(&w->cond);
+  pthread_mutex_unlock(&w->lock);
+}
+
+/* Waits for stage k's I/O and hands its block to the job. */
+static void stage_retire(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb, kvt__stage *st) {
+  if (st->block == KVT__NONE) return;
+  pthread_mutex_lock(&w->lock);
+  while (st->in_flight) pthread_cond_wait(&w->cond, &w->lock);
+  int status = st->status;
+  pthread_mutex_unlock(&w->lock);
+  uint32_t i = st->block;
+  st->block = KVT__NONE;
+  if (jb->kind == KVT__SJ_GET) {
+    if (status == 0) status = verify_tokens(c, jb, i, st->rec);
+    if (status == 0) status = copy_pieces(jb, i, kvt__record_payload(st->rec, c->bt), 1);
+  }
+  pthread_mutex_lock(&c->lock);
+  if (jb->kind == KVT__SJ_GET) get_commit(c, jb, i, status);
+  else put_commit(c, jb, i, status);
+  pthread_mutex_unlock(&c->lock);
+}
+
+static kvt__stage *stage_next(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb) {
+  kvt__stage *st = &w->stage[w->next];
+  w->next = (w->next + 1) % KVT__STAGE_DEPTH;
+  stage_retire(c, w, jb, st);
+  return st;
+}
+
+static void stage_submit(kvt_cache *c, kvt__stage *st, uint32_t i, kvt__sjob *jb) {
+  st->block = i;
+  st->in_flight = 1;
+  st->status = 0;
+  uint32_t slot;
+  pthread_mutex_lock(&c->lock);
+  slot = kvt__E(c, jb->blocks[i].entry)->slot[KVT__T_DISK];
+  pthread_mutex_unlock(&c->lock);
+  int rc;
+  if (jb->kind == KVT__SJ_PUT) {
+    rc = kvt__disk_write(c->disk, slot, st->rec, stage_done, st);
+  } else {
+    /* Two gets of one block both read its slot, and the store takes one
+     * operation per slot at a time: the second waits for the first. */
+    while ((rc = kvt__disk_read(c->disk, slot, st->rec, &jb->keys[i], stage_done, st)) == KVT_EBUSY) usleep(20);
+  }
+  if (rc != 0) stage_done(st, rc);
+}
+
+static void stage_drain(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb) {
+  for (uint32_t k = 0; k < KVT__STAGE_DEPTH; k++) stage_retire(c, w, jb, &w->stage[k]);
+}
+
+/* ---- puts ---- */
+
+/* Gives blocks [from, to) of the put their slots; blocks that get none fail
+ * with the reason. Lock held; may wait for spills. */
+static void put_take_slots(kvt_cache *c, kvt__sjob *jb, uint32_t from, uint32_t to, int tier) {
+  uint32_t need = 0;
+  for (uint32_t i = from; i < to; i++) need += jb->blocks[i].entry != KVT__NONE && jb->blocks[i].result == 0;
+  int rc = need ? kvt__make_room(c, tier, need, 1) : 0;
+  for (uint32_t i = from; i < to; i++) {
+    kvt__sblock *sb = &jb->blocks[i];
+    if (sb->entry == KVT__NONE || sb->result != 0) continue;
+    uint32_t s = rc == 0 ? kvt__slots_take(&c->slots[tier]) : KVT__NONE;
+    if (s == KVT__NONE) {
+      put_commit(c, jb, i, rc ? rc : KVT_ENOSPACE);
+      sb->entry = KVT__NONE;
+      continue;
+    }
+    kvt__index_set_state(&c->map, sb->entry, tier, KVT__FILLING, s);
+  }
+}
+
+static void run_put(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb) {
+  int tier = jb->blocks[0].tier;
+  kvt__storage *s = c->storage;
+  /* Chunks small enough that every worker's claims fit in the tier at once. */
+  uint32_t chunk = (uint32_t)(c->cap[tier] / (s->n_workers + 1));
+  if (chunk == 0) chunk = 1;
+  if (chunk > KVT__STAGE_DEPTH * 4) chunk = KVT__STAGE_DEPTH * 4;
+  for (uint32_t from = 0; from < jb->n_blocks; from += chunk) {
+    uint32_t to = from + chunk < jb->n_blocks ? from + chunk : jb->n_blocks;
+    pthread_mutex_lock(&c->lock);
+    put_take_slots(c, jb, from, to, tier);
+    pthread_mutex_unlock(&c->lock);
+    kvt__flush_submits(c); /* spills the room-making started */
+    for (uint32_t i = from; i < to; i++) {
+      kvt__sblock *sb = &jb->blocks[i];
+      if (sb->entry == KVT__NONE || sb->result != 0) continue;
+      const kvt_key *parent = &kvt__E(c, sb->entry)->parent; /* set at insert, never changed */
+      if (tier == KVT__T_HOST) {
+        void *rec = kvt__host_slot(&c->host, kvt__E(c, sb->entry)->slot[KVT__T_HOST]);
+        fill_identity(c, jb, i, rec, parent);
+        int rc = copy_pieces(jb, i, kvt__record_payload(rec, c->bt), 0);
+        pthread_mutex_lock(&c->lock);
+        put_commit(c, jb, i, rc);
+        pthread_mutex_unlock(&c->lock);
+      } else {
+        kvt__stage *st = stage_next(c, w, jb);
+        fill_identity(c, jb, i, st->rec, parent);
+        int rc = copy_pieces(jb, i, kvt__record_payload(st->rec, c->bt), 0);
+        if (rc) {
+          pthread_mutex_lock(&c->lock);
+          put_commit(c, jb, i, rc);
+          pthread_mutex_unlock(&c->lock);
+          continue;
+        }
+        stage_submit(c, st, i, jb);
+      }
+    }
+    stage_drain(c, w, jb);
+  }
+}
+
+/* ---- gets ---- */
+
+static void run_get(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb) {
+  for (uint32_t i = 0; i < jb->n_blocks; i++) {
+    kvt__sblock *sb = &jb->blocks[i];
+    if (sb->entry == KVT__NONE) continue;
+    if (sb->tier == KVT__T_HOST) {
+      /* Pinned: the slot holds this block until the unpin. */
+      void *rec = kvt__host_slot(&c->host, kvt__E(c, sb->entry)->slot[KVT__T_HOST]);
+      int rc = verify_tokens(c, jb, i, rec);
+      if (rc == 0) rc = copy_pieces(jb, i, kvt__record_payload(rec, c->bt), 1);
+      pthread_mutex_lock(&c->lock);
+      get_commit(c, jb, i, rc);
+      pthread_mutex_unlock(&c->lock);
+    } else {
+      stage_submit(c, stage_next(c, w, jb), i, jb);
+    }
+  }
+  stage_drain(c, w, jb);
+}
+
+/* ---- the worker ---- */
+
+static void finish(kvt_cache *c, kvt__sjob *jb, uint32_t j) {
+  kvt__storage *s = c->storage;
+  for (uint32_t i = 0; i < jb->n_blocks && !jb->status; i++)
+    if (jb->blocks[i].result < 0) jb->status = jb->blocks[i].result;
+  for (uint64_t m = jb->regions, r = 0; m; r++, m >>= 1)
+    if (m & 1) s->regions[r].users--;
+  jb->done = 1;
+  if (jb->user) {
+    s->done_q[(s->d_head + s->d_len++) % c->cfg.max_jobs] = j;
+  } else {
+    jb->busy = 0;
+    s->free_jobs[s->n_free++] = j;
+  }
+  pthread_cond_broadcast(&c->cond);
+}
+
+void *kvt__storage_worker(void *arg) {
+  kvt__sworker *w = arg;
+  kvt_cache *c = w->c;
+  kvt__storage *s = c->storage;
+  pthread_mutex_lock(&c->lock);
+  for (;;) {
+    while (!s->q_len && !s->stop) pthread_cond_wait(&s->work, &c->lock);
+    if (!s->q_len) break;
+    uint32_t j = s->queue[s->q_head];
+    s->q_head = (s->q_head + 1) % c->cfg.max_jobs;
+    s->q_len--;
+    kvt__sjob *jb = &s->jobs[j];
+    pthread_mutex_unlock(&c->lock);
+    if (jb->kind == KVT__SJ_PUT) run_put(c, w, jb);
+    else run_get(c, w, jb);
+    pthread_mutex_lock(&c->lock);
+    finish(c, jb, j);
+  }
+  pthread_mutex_unlock(&c->lock);
+  return NULL;
+}

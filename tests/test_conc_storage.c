@@ -1,0 +1,132 @@
+/* Storage mode under concurrency: 4 threads put, check and get 8 shared
+ * conversations through a small host tier and a disk tier, so puts of the
+ * same keys race, spills and drops run under gets, and gets race evictions.
+ * Every block a get reports landed must hold exactly the bytes put for its
+ * key. KVT_STRESS_SCALE scales the iterations (CI: 0.25 under TSan). */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "helpers.h"
+#include "kvtier/kvtier.h"
+
+#define BT 16
+#define BLOCK 8192u
+#define CONVS 8
+#define NBLK 6
+#define THREADS 4
+
+static kvt_cache *cache;
+static kvt_key keys[CONVS][NBLK];
+static uint32_t toks[CONVS][NBLK * BT];
+static int iters = 2000;
+
+static uint64_t seed_of(int conv, int b) { return (uint64_t)conv * 1000 + (uint64_t)b; }
+
+static void *worker(void *arg) {
+  unsigned r = (unsigned)(uintptr_t)arg * 7919u + 1;
+  char *buf = malloc((size_t)NBLK * BLOCK);
+  kvt_piece p[NBLK * 2];
+  int bad = 0;
+  for (int it = 0; it < iters && !bad; it++) {
+    r = r * 1103515245u + 12345u;
+    int conv = (int)((r >> 8) % CONVS), op = (int)((r >> 4) % 3);
+    for (int b = 0; b < NBLK; b++) {
+      p[2 * b] = (kvt_piece){.ptr = buf + (size_t)b * BLOCK, .len = 3000};
+      p[2 * b + 1] = (kvt_piece){.ptr = buf + (size_t)b * BLOCK + 3000, .len = BLOCK - 3000};
+    }
+    kvt_batch bt;
+    kvt_batch_init(&bt);
+    bt.n_blocks = NBLK;
+    bt.keys = keys[conv];
+    bt.tokens = toks[conv];
+    bt.pieces = p;
+    bt.pieces_per_block = 2;
+    kvt_job job;
+    int32_t res[NBLK];
+    if (op == 0) {
+      for (int b = 0; b < NBLK; b++) kvt_test_fill(buf + (size_t)b * BLOCK, BLOCK, seed_of(conv, b));
+      if (kvt_put_from(cache, &bt, &job) != 1) continue;
+      int st = kvt_storage_wait(cache, job, -1);
+      if (st != 0 && st != KVT_ENOSPACE && st != KVT_EAGAIN) {
+        fprintf(stderr, "put: %s\n", kvt_strerror(st));
+        bad = 1;
+      }
+      kvt_storage_release(cache, job);
+    } else if (op == 1) {
+      kvt_lookup_result lr = {.size = sizeof lr};
+      bad |= kvt_exists(cache, NULL, keys[conv], NBLK, 0, &lr, NULL) != 0;
+      bad |= lr.n_prefix > NBLK || lr.n_host + lr.n_disk != lr.n_prefix;
+    } else {
+      memset(buf, 0, (size_t)NBLK * BLOCK);
+      if (kvt_get_into(cache, &bt, &job) != 1) continue;
+      int st = kvt_storage_wait(cache, job, -1);
+      if (st != 0) {
+        fprintf(stderr, "get: %s\n", kvt_strerror(st));
+        bad = 1;
+      }
+      uint32_t ok = 0;
+      bad |= kvt_storage_results(cache, job, res, NBLK, &ok) != 0;
+      for (int b = 0; b < NBLK; b++)
+        if (res[b] == 0 && !kvt_test_check(buf + (size_t)b * BLOCK, BLOCK, seed_of(conv, b))) {
+          fprintf(stderr, "get: block %d of %d holds other bytes\n", b, conv);
+          bad = 1;
+        }
+      kvt_storage_release(cache, job);
+    }
+  }
+  free(buf);
+  return (void *)(intptr_t)bad;
+}
+
+static void four_threads_put_get_and_check(void **s) {
+  const char *e = getenv("KVT_STRESS_SCALE");
+  if (e) iters = (int)(iters * atof(e));
+  if (iters < 10) iters = 10;
+  kvt_config cfg;
+  kvt_config_init(&cfg);
+  cfg.model_fingerprint = "storage-conc";
+  cfg.block_tokens = BT;
+  cfg.host_blocks = 10;
+  cfg.copy_threads = 2;
+  char path[4200];
+  snprintf(path, sizeof path, "%s/conc-storage.kvt", kvt_test_tmpdir());
+  cfg.disk_path = path;
+  cfg.disk_blocks = 30;
+  cfg.disk_reset = 1;
+  assert_int_equal(kvt_open(&cfg, &cache), 0);
+  kvt_segment seg = {NULL, 0, BLOCK};
+  kvt_layout l;
+  kvt_layout_init(&l);
+  l.num_layers = 1;
+  l.segments_per_layer = 1;
+  l.segments = &seg;
+  l.flags = KVT_LAYOUT_STORAGE;
+  assert_int_equal(kvt_register_layout(cache, &l), 0);
+  for (int c = 0; c < CONVS; c++) {
+    for (int i = 0; i < NBLK * BT; i++) toks[c][i] = (uint32_t)(c * 100000 + i);
+    size_t n;
+    assert_int_equal(kvt_hash_tokens(cache, NULL, toks[c], NBLK * BT, keys[c], NBLK, &n), 0);
+  }
+  pthread_t th[THREADS];
+  for (int t = 0; t < THREADS; t++) pthread_create(&th[t], NULL, worker, (void *)(uintptr_t)t);
+  int bad = 0;
+  for (int t = 0; t < THREADS; t++) {
+    void *rv;
+    pthread_join(th[t], &rv);
+    bad |= (int)(intptr_t)rv;
+  }
+  assert_int_equal(bad, 0);
+  kvt_drain(cache);
+  kvt_stats st = {.size = sizeof st};
+  kvt_get_stats(cache, &st);
+  assert_int_equal(st.checksum_failures + st.io_errors + st.verify_mismatches, 0);
+  assert_true(st.resident_host <= 10 && st.resident_disk <= 30);
+  kvt_close(cache);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {cmocka_unit_test(four_threads_put_get_and_check)};
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
