@@ -380,6 +380,8 @@ int kvt_register_layout(kvt_cache *c, const kvt_layout *user) {
   if (rc == 0) rc = alloc_tables(c);
   for (uint32_t j = 0; rc == 0 && !c->metadata_only && j < c->n_jobs; j++)
     rc = kvt__dev_xfer_prepare(&c->dev, &c->jobs[j].xfer);
+  for (uint32_t k = 0; rc == 0 && !c->metadata_only && k < c->n_xchunks; k++)
+    rc = kvt__dev_xfer_prepare(&c->dev, &c->xchunks[k].xfer);
   kvt__log_scope(&c->log); /* the host pool, disk store and I/O backends log as this cache */
   if (rc == 0 && !c->metadata_only)
     rc = kvt__host_pool_init(&c->host, &c->dev, c->cap[KVT__T_HOST], c->record_bytes, c->cfg.host_mlock);
@@ -392,7 +394,7 @@ int kvt_register_layout(kvt_cache *c, const kvt_layout *user) {
     c->register_failed = 1; /* kvt_close frees what was set up */
     return rc;
   }
-  if (c->disk) rc = kvt__progress_start(c);
+  rc = kvt__progress_start(c);
   if (rc < 0) {
     set_detail(c, "progress thread: %s", kvt_strerror(rc));
     c->register_failed = 1;
@@ -408,7 +410,7 @@ int kvt_drain(kvt_cache *c) {
   if (kvt__forked(c)) return KVT_EFORKED;
   kvt__flush_submits(c);
   pthread_mutex_lock(&c->lock);
-  while (c->inflight || c->submitting) pthread_cond_wait(&c->cond, &c->lock);
+  while (c->inflight || c->submitting) kvt__wait(c, NULL);
   pthread_mutex_unlock(&c->lock);
   return 0;
 }
@@ -493,8 +495,9 @@ static size_t metadata_bytes(const kvt_cache *c) {
   size_t b = kvt__index_bytes(&c->map), m = c->cfg.max_job_blocks;
   for (int t = 0; t < KVT__NTIERS; t++) b += (size_t)c->slots[t].capacity * sizeof(uint32_t);
   if (c->dev_tokens) b += (size_t)c->cap[KVT__T_DEV] * (c->bt * sizeof(uint32_t) + 1);
-  b += (size_t)c->n_jobs * (sizeof(kvt__job) + (c->progq ? 3 : 2) * sizeof(uint32_t) +
+  b += (size_t)c->n_jobs * (sizeof(kvt__job) + (c->progq ? 5 : 2) * sizeof(uint32_t) +
                             m * (sizeof(kvt__op) + sizeof(uint32_t) + sizeof(void *)));
+  b += (size_t)c->n_xchunks * (sizeof(kvt__xchunk) + 2 * sizeof(uint32_t)); /* streamed copies */
   b += (size_t)c->cfg.max_jobs * (sizeof(kvt__handle) + sizeof(uint32_t));
   b += (size_t)c->cfg.max_requests * (sizeof(kvt__request) + sizeof(uint32_t)) + kvt__refs_bytes(c);
   return b + m * (1 + sizeof(uint32_t)); /* planner and commit scratch */

@@ -8,6 +8,8 @@
 #define KVT_ENGINE_ENGINE_H
 
 #include <pthread.h>
+#include <stdatomic.h>
+#include <time.h>
 
 #include "core/calib.h"
 #include "core/index.h"
@@ -34,11 +36,13 @@ struct kvt__job;
 
 typedef struct kvt__op {
   struct kvt__job *jb;
+  struct kvt__op *cq_next; /* the completion queue's link while posted */
   uint32_t entry;
   uint32_t slot[KVT__NTIERS]; /* slots involved, per tier (KVT__NONE if not) */
   uint32_t ref;       /* request ref index (loads), else KVT__NONE */
   int status;
   uint8_t from_disk;  /* request loads: fetched from disk before the load */
+  uint8_t landed;     /* request loads: on the host (read over, or a host hit); status says how */
   uint64_t tok_sum;   /* XXH3_64 of the request's tokens, 0 = unknown (fetch verify) */
 } kvt__op;
 
@@ -57,10 +61,35 @@ typedef struct kvt__job {
   int64_t t_start;
   uint64_t bytes;
   kvt__op *ops;
-  uint32_t *dev_slots;     /* xfer arrays, max_job_blocks each */
+  uint32_t *dev_slots;     /* xfer arrays, max_job_blocks each (shared by the job's xfers, by op index) */
   void **host_blocks;
-  kvt_dev_xfer xfer;
+  kvt_dev_xfer xfer;       /* the job's own device copy: ops [final_first, n_ops) */
+  /* Disk phase, handed to the store without waiting for free ops: resumed
+   * from disk_next when completions free some (the progress thread). */
+  uint8_t disk_started;
+  uint32_t disk_next, disk_sent, disk_total;
+  /* Streamed restores: ops [0, copy_next) have their device copy submitted
+   * in chunks (kvt__xchunk) while later reads are in flight; ops
+   * [copy_next, scan) have landed; the job's own xfer copies the rest. */
+  uint32_t copy_next, scan, chunks_out, final_first;
+  uint8_t final_out;       /* the job's own xfer is queued or in flight */
+  int xfer_status;         /* its completion, as posted */
+  struct kvt__job *cq_next;
 } kvt__job;
+
+/* A streamed piece of a restore's device copy: leading blocks of a load
+ * whose reads have landed, copied while the rest are still being read. A
+ * pool per cache, prepared at layout registration. */
+typedef struct kvt__xchunk {
+  kvt_dev_xfer xfer;
+  kvt__job *jb;
+  uint32_t first, n, index;
+  int status;
+  struct kvt__xchunk *cq_next;
+} kvt__xchunk;
+#define KVT__STREAM_XFERS 32u
+/* A chunk is submitted once this many bytes of leading blocks have landed. */
+#define KVT__STREAM_BYTES ((size_t)16 << 20)
 
 /* An engine's job handle: outlives its job, which goes back to the pool
  * as soon as it finishes (a finished, unreleased handle holds no job). */
@@ -139,12 +168,28 @@ struct kvt_cache {
   uint32_t submitting;     /* library threads inside a submission (kvt_drain waits for them) */
   uint32_t *submitq;       /* jobs started under the lock, submitted after it */
   uint32_t n_submitq;
-  /* The progress thread submits what may wait for a free disk op (restore
-   * reads), so kvt_acquire never does. */
+  /* Completions as data: backends post finished disk ops, device copies and
+   * streamed chunks here (cq_lock only); a progress step (the progress
+   * thread, or an API call that would otherwise wait) applies them under
+   * c->lock and starts what follows. Lock order: c->lock, then cq_lock. */
+  pthread_mutex_t cq_lock;
+  pthread_cond_t cq_cond;  /* the progress thread sleeps on it */
+  int cq_ready;
+  kvt__op *cq_ops;         /* newest first */
+  kvt__xchunk *cq_chunks;
+  kvt__job *cq_jobs;
+  _Atomic uint32_t cq_n;       /* posted, not yet taken */
+  _Atomic uint32_t cq_waiters; /* API threads in kvt__wait (posters wake them) */
+  /* The progress thread: the only one that hands disk ops to the store (it
+   * never waits for a free op: a full queue parks the job in diskwait). */
   pthread_t progress_thread;
-  pthread_cond_t progress_cond;
-  int progress_running, progress_stop;
-  uint32_t *progq, progq_head, n_progq; /* ring of n_jobs job indices */
+  int progress_running, progress_stop; /* progress_stop: under cq_lock */
+  uint32_t *progq, progq_head, n_progq; /* ring of n_jobs job indices, under cq_lock */
+  uint32_t *progq_take, *diskwait, n_diskwait; /* the progress thread's own */
+  kvt__xchunk *xchunks;    /* streamed copies: pool, free stack, queue to submit (c->lock) */
+  uint32_t *xchunk_free, n_xchunk_free, n_xchunks;
+  uint32_t *chunkq, n_chunkq;
+  uint32_t stream_blocks;  /* blocks per streamed chunk (KVT__STREAM_BYTES) */
 
   kvt__request *reqs;
   uint32_t *req_free;
@@ -191,6 +236,13 @@ int kvt__progress_start(kvt_cache *c);
 void kvt__progress_stop(kvt_cache *c);
 /* With the lock held: the progress thread submits j (its next phase). */
 void kvt__progress_submit(kvt_cache *c, uint32_t j);
+/* Applies posted completions and submits what they start (lock NOT held).
+ * A no-op on a thread already inside it. */
+void kvt__cq_drain(kvt_cache *c);
+/* In place of pthread_cond_wait(&c->cond) (lock held): applies posted
+ * completions itself if there are any (then returns 0 at once), else waits,
+ * until dl when non-NULL (ETIMEDOUT). Callers re-check their condition. */
+int kvt__wait(kvt_cache *c, const struct timespec *dl);
 int kvt__jobs_init(kvt_cache *c);
 void kvt__jobs_fini(kvt_cache *c);
 

@@ -119,7 +119,7 @@ int kvt__make_room(kvt_cache *c, int tier, uint32_t need, int may_wait) {
       pthread_mutex_lock(&c->lock);
       continue;
     }
-    pthread_cond_wait(&c->cond, &c->lock);
+    kvt__wait(c, NULL);
   }
 }
 

@@ -13,6 +13,9 @@
 #include "store/record.h"
 #include "util/clock.h"
 
+static void dev_done(kvt_dev_xfer *x, int status);
+static void chunk_done(kvt_dev_xfer *x, int status);
+
 int kvt__jobs_init(kvt_cache *c) {
   uint32_t n = c->cfg.max_jobs + KVT__JOBS_RESERVED, m = c->cfg.max_job_blocks, nh = c->cfg.max_jobs;
   c->jobs = calloc(n, sizeof *c->jobs);
@@ -22,6 +25,22 @@ int kvt__jobs_init(kvt_cache *c) {
   c->handle_free = calloc(nh, sizeof *c->handle_free);
   if (!c->jobs || !c->job_free || !c->submitq || !c->handles || !c->handle_free) return -ENOMEM;
   c->n_jobs = n;
+  pthread_mutex_init(&c->cq_lock, NULL);
+  pthread_cond_init(&c->cq_cond, NULL);
+  c->cq_ready = 1;
+  c->xchunks = calloc(KVT__STREAM_XFERS, sizeof *c->xchunks);
+  c->xchunk_free = calloc(KVT__STREAM_XFERS, sizeof *c->xchunk_free);
+  c->chunkq = calloc(KVT__STREAM_XFERS, sizeof *c->chunkq);
+  if (!c->xchunks || !c->xchunk_free || !c->chunkq) return -ENOMEM;
+  c->n_xchunks = KVT__STREAM_XFERS;
+  for (uint32_t k = 0; k < KVT__STREAM_XFERS; k++) {
+    c->xchunks[k].index = k;
+    c->xchunks[k].xfer.engine_data = &c->xchunks[k];
+    c->xchunks[k].xfer.done = chunk_done;
+    c->xchunk_free[c->n_xchunk_free++] = KVT__STREAM_XFERS - 1 - k;
+  }
+  size_t per = c->block_bytes ? KVT__STREAM_BYTES / c->block_bytes : 1;
+  c->stream_blocks = per ? (uint32_t)(per < m ? per : m) : 1;
   for (uint32_t h = 0; h < nh; h++) {
     c->handles[h].gen = c->salt + h * 0x9e3779b9u;
     c->handles[h].job = KVT__NONE;
@@ -34,6 +53,7 @@ int kvt__jobs_init(kvt_cache *c) {
     jb->host_blocks = calloc(m, sizeof *jb->host_blocks);
     if (!jb->ops || !jb->dev_slots || !jb->host_blocks) return -ENOMEM;
     jb->xfer.engine_data = jb;
+    jb->xfer.done = dev_done;
     jb->c = c;
     jb->index = j;
     jb->gen = c->salt + j * 0x9e3779b9u;
@@ -45,6 +65,17 @@ int kvt__jobs_init(kvt_cache *c) {
 }
 
 void kvt__jobs_fini(kvt_cache *c) {
+  for (uint32_t k = 0; c->xchunks && k < c->n_xchunks; k++)
+    if (c->xchunks[k].xfer.backend_data) kvt__dev_xfer_release(&c->dev, &c->xchunks[k].xfer);
+  free(c->xchunks);
+  free(c->xchunk_free);
+  free(c->chunkq);
+  c->xchunks = NULL;
+  if (c->cq_ready) {
+    pthread_mutex_destroy(&c->cq_lock);
+    pthread_cond_destroy(&c->cq_cond);
+    c->cq_ready = 0;
+  }
   free(c->handles);
   free(c->handle_free);
   c->handles = NULL;
@@ -83,6 +114,9 @@ uint32_t kvt__job_new(kvt_cache *c, int kind, uint32_t flags) {
   jb->req = KVT__NONE;
   jb->handle = KVT__NONE;
   jb->bytes = 0;
+  jb->disk_started = 0;
+  jb->copy_next = jb->scan = jb->chunks_out = jb->final_first = 0;
+  jb->final_out = 0;
   if (flags & KVT__JF_USER) {
     uint32_t h = c->handle_free[--c->n_handle_free];
     kvt__handle *hd = &c->handles[h];
@@ -280,11 +314,13 @@ static void fetch_done(kvt_cache *c, kvt__job *jb, kvt__op *op) {
 }
 
 /* After the fetch phase of a request load: loads go ahead for the leading
- * blocks now on the host; from the first failure on the request
+ * blocks now on the host; from the first failed read on the request
  * recomputes, so the rest of its loads are cancelled. Returns ops kept. */
 static uint32_t cut_loads_at_first_failure(kvt_cache *c, kvt__job *jb) {
   uint32_t keep = jb->n_ops;
-  for (uint32_t i = 0; i < jb->n_ops; i++)
+  /* Ops before copy_next read fine (their chunks' copy statuses are not
+   * read failures): the first failed read is at or after it. */
+  for (uint32_t i = jb->copy_next; i < jb->n_ops; i++)
     if (jb->ops[i].status != 0) {
       keep = i;
       break;
@@ -339,79 +375,290 @@ static void finish_job(kvt_cache *c, kvt__job *jb) {
   if (jb->req == KVT__NONE) kvt__job_free(c, jb->index);
 }
 
+/* ---- applying completions (c->lock held; a progress step) ---- */
+
+static void queue_chunk(kvt_cache *c, kvt__job *jb);
+
+/* Loads: moves the landed frontier over leading blocks whose reads are over
+ * and good, and streams their device copy once a chunk's worth is there. */
+static void stream_more(kvt_cache *c, kvt__job *jb) {
+  while (jb->scan < jb->n_ops && jb->ops[jb->scan].landed && jb->ops[jb->scan].status == 0) jb->scan++;
+  /* A chunk: KVT__STREAM_BYTES, and at most a quarter of the restore, so
+   * that a small restore streams too. */
+  uint32_t quarter = (jb->n_ops + 3) / 4, want = c->stream_blocks < quarter ? c->stream_blocks : quarter;
+  if (jb->scan - jb->copy_next >= want && c->n_xchunk_free && !c->metadata_only) queue_chunk(c, jb);
+}
+
+static void queue_chunk(kvt_cache *c, kvt__job *jb) {
+  kvt__xchunk *ch = &c->xchunks[c->xchunk_free[--c->n_xchunk_free]];
+  ch->jb = jb;
+  ch->first = jb->copy_next;
+  ch->n = jb->scan - jb->copy_next;
+  ch->status = 0;
+  jb->copy_next = jb->scan;
+  jb->chunks_out++;
+  c->chunkq[c->n_chunkq++] = ch->index;
+}
+
+/* Every device copy of a load is over: the blocks land in order, and from
+ * the first one that failed on, the request recomputes (a block after it
+ * whose copy landed is not shared: its slot becomes the request's own). */
+static void load_finish(kvt_cache *c, kvt__job *jb) {
+  int failed = 0;
+  for (uint32_t i = 0; i < jb->n_ops; i++) {
+    kvt__op *op = &jb->ops[i];
+    if (op->status == 0 && (jb->flags & KVT__JF_CANCEL)) op->status = KVT_ECANCELED;
+    if (!failed || op->status != 0) {
+      load_done(c, jb, op);
+    } else { /* landed behind a failure: given up, like the loads cut after a failed read */
+      kvt__index_unpin(&c->map, op->entry, KVT__T_HOST);
+      kvt__index_set_state(&c->map, op->entry, KVT__T_DEV, KVT__ABSENT, 0);
+      ref_go_private(c, jb, op);
+      kvt__maybe_remove(c, op->entry);
+    }
+    if (op->status != 0 && !failed) {
+      failed = 1;
+      if (!jb->status) jb->status = op->status;
+    }
+  }
+  observe(c, jb, 0, jb->bytes);
+  finish_job(c, jb);
+}
+
+/* The fetch phase of a load is over: cut at the first failed read, then
+ * copy what no chunk has taken yet with the job's own xfer. */
+static void reads_over(kvt_cache *c, kvt__job *jb) {
+  uint32_t keep = cut_loads_at_first_failure(c, jb);
+  jb->phase = 2;
+  jb->final_first = jb->copy_next; /* streamed chunks cover leading good reads only: <= keep */
+  if (keep > jb->copy_next) {
+    jb->final_out = 1;
+    kvt__queue_submit(c, jb->index);
+  } else {
+    jb->submitted = 1; /* nothing left to submit: layer waits look at the chunks */
+    if (jb->chunks_out == 0) load_finish(c, jb);
+  }
+}
+
+static void apply_disk_op(kvt_cache *c, kvt__op *op) {
+  kvt__job *jb = op->jb;
+  if (op->status == 0 && (jb->flags & KVT__JF_CANCEL)) op->status = KVT_ECANCELED;
+  if (jb->kind == KVT__JOB_SPILL) spill_done(c, jb, op);
+  else fetch_done(c, jb, op);
+  op->landed = 1;
+  if (op->status && !jb->status && jb->kind != KVT__JOB_LOAD) jb->status = op->status;
+  if (--jb->pending == 0) {
+    uint64_t n = jb->kind == KVT__JOB_LOAD ? jb->n_fetch : jb->n_ops;
+    observe(c, jb, 1, n * c->block_bytes);
+    if (jb->kind == KVT__JOB_LOAD) reads_over(c, jb);
+    else finish_job(c, jb);
+  } else if (jb->kind == KVT__JOB_LOAD) {
+    stream_more(c, jb);
+  }
+}
+
+static void apply_chunk(kvt_cache *c, kvt__xchunk *ch) {
+  kvt__job *jb = ch->jb;
+  for (uint32_t i = ch->first; i < ch->first + ch->n; i++) jb->ops[i].status = ch->status;
+  ch->jb = NULL;
+  c->xchunk_free[c->n_xchunk_free++] = ch->index;
+  jb->chunks_out--;
+  if (jb->phase == 2) {
+    if (!jb->final_out && jb->chunks_out == 0) load_finish(c, jb);
+  } else {
+    stream_more(c, jb); /* a chunk is free again */
+  }
+}
+
+static void apply_job_xfer(kvt_cache *c, kvt__job *jb) {
+  int status = jb->xfer_status;
+  if (status == 0 && (jb->flags & KVT__JF_CANCEL)) status = KVT_ECANCELED;
+  if (jb->kind == KVT__JOB_LOAD) {
+    for (uint32_t i = jb->final_first; i < jb->n_ops; i++) jb->ops[i].status = status;
+    jb->final_out = 0;
+    if (jb->chunks_out == 0) load_finish(c, jb);
+    return;
+  }
+  for (uint32_t i = 0; i < jb->n_ops; i++) {
+    jb->ops[i].status = status;
+    store_done(c, jb, &jb->ops[i]);
+  }
+  if (status && !jb->status) jb->status = status;
+  observe(c, jb, 0, jb->bytes);
+  uint32_t next = write_through(c, jb);
+  if (next != KVT__NONE) {
+    c->inflight++;
+    c->st.jobs_started++; /* like every other job: jobs_failed never exceeds it */
+    kvt__queue_submit(c, next);
+  }
+  finish_job(c, jb);
+}
+
+/* ---- posting (backend threads: the cq lock only, no engine work) ---- */
+
+static _Thread_local int tl_draining;
+static _Thread_local const kvt_cache *tl_progress;
+
+static void cq_posted(kvt_cache *c) {
+  atomic_fetch_add(&c->cq_n, 1);
+  pthread_cond_signal(&c->cq_cond);
+  pthread_mutex_unlock(&c->cq_lock);
+  /* API threads waiting on c->cond apply completions themselves: wake them.
+   * The lock orders the wakeup after their check; nothing runs under it. */
+  if (atomic_load(&c->cq_waiters)) {
+    pthread_mutex_lock(&c->lock);
+    pthread_cond_broadcast(&c->cond);
+    pthread_mutex_unlock(&c->lock);
+  }
+}
+
+static void disk_op_done(void *arg, int status) {
+  kvt__op *op = arg;
+  kvt_cache *c = op->jb->c;
+  op->status = status;
+  pthread_mutex_lock(&c->cq_lock);
+  op->cq_next = c->cq_ops;
+  c->cq_ops = op;
+  cq_posted(c);
+}
+
+static void dev_done(kvt_dev_xfer *x, int status) {
+  kvt__job *jb = x->engine_data;
+  kvt_cache *c = jb->c;
+  jb->xfer_status = status;
+  pthread_mutex_lock(&c->cq_lock);
+  jb->cq_next = c->cq_jobs;
+  c->cq_jobs = jb;
+  cq_posted(c);
+}
+
+static void chunk_done(kvt_dev_xfer *x, int status) {
+  kvt__xchunk *ch = x->engine_data;
+  kvt_cache *c = ch->jb->c;
+  ch->status = status;
+  pthread_mutex_lock(&c->cq_lock);
+  ch->cq_next = c->cq_chunks;
+  c->cq_chunks = ch;
+  cq_posted(c);
+}
+
 /* ---- submission (c->lock NOT held) ---- */
 
-static void disk_op_done(void *arg, int status);
-
-/* A device transfer of every op of jb (STORE, LOAD, or phase 2 of a load). */
-static int submit_dev(kvt_cache *c, kvt__job *jb) {
+/* A device transfer of ops [first, first + n) of jb into x. */
+static int submit_dev(kvt_cache *c, kvt__job *jb, kvt_dev_xfer *x, uint32_t first, uint32_t n) {
   int src_tier = jb->kind == KVT__JOB_STORE ? KVT__T_DEV : KVT__T_HOST;
-  for (uint32_t i = 0; i < jb->n_ops; i++) {
+  for (uint32_t i = first; i < first + n; i++) {
     const kvt__op *op = &jb->ops[i];
     jb->dev_slots[i] = op->slot[KVT__T_DEV];
     void *rec = kvt__host_slot(&c->host, op->slot[KVT__T_HOST]);
     if (src_tier == KVT__T_DEV && !c->metadata_only) kvt__fill_record_identity(c, op->entry, op->slot[KVT__T_DEV], op->slot[KVT__T_HOST]);
     jb->host_blocks[i] = c->metadata_only ? NULL : kvt__record_payload(rec, c->bt);
   }
-  jb->xfer.dir = jb->kind == KVT__JOB_STORE ? KVT_XFER_D2H : KVT_XFER_H2D;
-  jb->xfer.n_blocks = jb->n_ops;
-  jb->xfer.dev_slots = jb->dev_slots;
-  jb->xfer.host_blocks = jb->host_blocks;
+  x->dir = jb->kind == KVT__JOB_STORE ? KVT_XFER_D2H : KVT_XFER_H2D;
+  x->n_blocks = n;
+  x->dev_slots = jb->dev_slots + first;
+  x->host_blocks = jb->host_blocks + first;
   if (c->metadata_only) return 1; /* nothing moves: complete at once */
-  return kvt__dev_submit(&c->dev, &jb->xfer);
+  return kvt__dev_submit(&c->dev, x);
 }
 
-static void dev_done(kvt_dev_xfer *x, int status);
+static void submit_chunk(kvt_cache *c, kvt__xchunk *ch) {
+  int rc = submit_dev(c, ch->jb, &ch->xfer, ch->first, ch->n);
+  if (rc != 0) chunk_done(&ch->xfer, rc > 0 ? 0 : rc);
+}
 
 /* Disk ops go to the store in batches of up to DISK_BATCH (one backend
- * submission each); the batch call waits only while the queue is full. */
+ * submission each), never waiting for a free op: returns 1 once every op
+ * of the phase is handed over, 0 when the queue is full (the job resumes
+ * from disk_next once completions free ops). */
 #define DISK_BATCH 64u
 
-static void submit_disk_ops(kvt_cache *c, kvt__job *jb) {
+static int submit_disk_ops(kvt_cache *c, kvt__job *jb) {
   int write = jb->kind == KVT__JOB_SPILL, load = jb->kind == KVT__JOB_LOAD;
-  uint32_t n = 0, n_ops = jb->n_ops, sent = 0;
-  for (uint32_t i = 0; i < n_ops; i++) n += (!load || jb->ops[i].from_disk);
-  pthread_mutex_lock(&c->lock);
-  jb->pending = n;
-  pthread_mutex_unlock(&c->lock);
-  /* The job may finish (and be reused) as the last op completes: stop
+  uint32_t n_ops = jb->n_ops, i = jb->disk_next, sent = jb->disk_sent, total = jb->disk_total;
+  /* The job may finish (and be reused) as its last op completes: stop
    * touching it once every op has been handed over. Ops not yet handed
    * over keep it pending, so reading ops[] for the next batch is safe. */
   kvt__disk_io io[DISK_BATCH];
-  for (uint32_t i = 0; sent < n;) {
+  uint32_t idx[DISK_BATCH];
+  while (sent < total) {
     uint32_t k = 0;
-    for (; i < n_ops && k < DISK_BATCH && sent + k < n; i++) {
+    for (; i < n_ops && k < DISK_BATCH && sent + k < total; i++) {
       kvt__op *op = &jb->ops[i];
       if (load && !op->from_disk) continue;
+      idx[k] = i;
       io[k++] = (kvt__disk_io){.slot = op->slot[KVT__T_DISK], .rec = kvt__host_slot(&c->host, op->slot[KVT__T_HOST]),
                                .expected_key = write ? NULL : &kvt__E(c, op->entry)->key, .arg = op};
     }
-    sent += k;
     if (c->metadata_only) {
+      sent += k;
       for (uint32_t b = 0; b < k; b++) disk_op_done(io[b].arg, 0);
       continue;
     }
-    int q = write ? kvt__disk_write_batch(c->disk, io, k, disk_op_done) : kvt__disk_read_batch(c->disk, io, k, disk_op_done);
-    for (uint32_t b = 0; b < k; b++) {
+    int q = write ? kvt__disk_try_write_batch(c->disk, io, k, disk_op_done)
+                  : kvt__disk_try_read_batch(c->disk, io, k, disk_op_done);
+    uint32_t b = 0;
+    for (; b < k; b++) {
       int rc = q < 0 ? q : io[b].status;
+      if (rc == KVT_EAGAIN) break;
       if (rc != 0) disk_op_done(io[b].arg, rc > 0 ? 0 : rc);
     }
+    if (b < k) { /* queue full: idx[b] on are not handed over, so the job is still ours */
+      jb->disk_next = idx[b];
+      jb->disk_sent = sent + b;
+      return 0;
+    }
+    sent += k;
   }
+  return 1;
 }
 
-/* Submits a job's current phase. */
+static int disk_phase(const kvt__job *jb) {
+  return jb->kind == KVT__JOB_SPILL || jb->kind == KVT__JOB_FETCH || (jb->kind == KVT__JOB_LOAD && jb->phase == 1);
+}
+
+/* Starts a job's disk phase (lock NOT held): what it hands the store. */
+static void disk_start(kvt_cache *c, kvt__job *jb) {
+  pthread_mutex_lock(&c->lock);
+  if (!jb->disk_started) {
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < jb->n_ops; i++) {
+      kvt__op *op = &jb->ops[i];
+      int disk = jb->kind != KVT__JOB_LOAD || op->from_disk;
+      n += disk;
+      op->landed = !disk; /* a load's host hits are on the host already */
+    }
+    jb->disk_started = 1;
+    jb->disk_next = jb->disk_sent = 0;
+    jb->disk_total = jb->pending = n;
+    jb->t_start = kvt__now_ns();
+    jb->bytes = (uint64_t)jb->n_ops * c->block_bytes;
+  }
+  pthread_mutex_unlock(&c->lock);
+}
+
+/* Submits a job's current phase. Disk ops reach the store only from the
+ * progress thread (or at once in a metadata-only cache, where nothing
+ * moves): no engine thread ever waits on the store. */
 void kvt__job_submit(kvt_cache *c, uint32_t j) {
   kvt__job *jb = &c->jobs[j];
-  jb->t_start = kvt__now_ns();
-  jb->bytes = (uint64_t)jb->n_ops * c->block_bytes;
-  if (jb->kind == KVT__JOB_SPILL || jb->kind == KVT__JOB_FETCH || (jb->kind == KVT__JOB_LOAD && jb->phase == 1)) {
-    submit_disk_ops(c, jb);
+  if (disk_phase(jb)) {
+    disk_start(c, jb);
+    if (tl_progress == c || c->metadata_only) {
+      if (!submit_disk_ops(c, jb)) c->diskwait[c->n_diskwait++] = j; /* only the progress thread gets here */
+    } else {
+      pthread_mutex_lock(&c->lock);
+      kvt__progress_submit(c, j);
+      pthread_mutex_unlock(&c->lock);
+    }
+    kvt__cq_drain(c); /* completions posted at once (metadata only, refusals) */
     return;
   }
-  jb->xfer.done = dev_done;
-  uint32_t gen = jb->gen;
   int load = jb->kind == KVT__JOB_LOAD;
-  int rc = submit_dev(c, jb);
+  uint32_t first = load ? jb->final_first : 0, gen = jb->gen;
+  jb->t_start = kvt__now_ns();
+  jb->bytes = (uint64_t)(jb->n_ops - first) * c->block_bytes;
+  int rc = submit_dev(c, jb, &jb->xfer, first, jb->n_ops - first);
   if (rc != 0) {
     dev_done(&jb->xfer, rc > 0 ? 0 : rc);
   } else if (load) {
@@ -422,145 +669,186 @@ void kvt__job_submit(kvt_cache *c, uint32_t j) {
     pthread_cond_broadcast(&c->cond);
     pthread_mutex_unlock(&c->lock);
   }
+  kvt__cq_drain(c);
 }
 
 void kvt__queue_submit(kvt_cache *c, uint32_t j) { c->submitq[c->n_submitq++] = j; }
 
-/* ---- the progress thread: submissions that may wait on a full queue ---- */
+void kvt__flush_submits(kvt_cache *c) {
+  for (;;) {
+    pthread_mutex_lock(&c->lock);
+    uint32_t ch = c->n_chunkq ? c->chunkq[--c->n_chunkq] : KVT__NONE;
+    uint32_t j = ch == KVT__NONE && c->n_submitq ? c->submitq[--c->n_submitq] : KVT__NONE;
+    pthread_mutex_unlock(&c->lock);
+    if (ch != KVT__NONE) submit_chunk(c, &c->xchunks[ch]);
+    else if (j != KVT__NONE) kvt__job_submit(c, j);
+    else return;
+  }
+}
+
+/* ---- the progress step ---- */
+
+static void cq_take(kvt_cache *c, kvt__op **ops, kvt__xchunk **chunks, kvt__job **jobs) {
+  pthread_mutex_lock(&c->cq_lock);
+  kvt__op *o = c->cq_ops;
+  kvt__xchunk *x = c->cq_chunks;
+  kvt__job *jb = c->cq_jobs;
+  c->cq_ops = NULL;
+  c->cq_chunks = NULL;
+  c->cq_jobs = NULL;
+  atomic_store(&c->cq_n, 0);
+  pthread_mutex_unlock(&c->cq_lock);
+  /* Posted newest first: applied oldest first. */
+  *ops = NULL;
+  while (o) {
+    kvt__op *n = o->cq_next;
+    o->cq_next = *ops;
+    *ops = o;
+    o = n;
+  }
+  *chunks = NULL;
+  while (x) {
+    kvt__xchunk *n = x->cq_next;
+    x->cq_next = *chunks;
+    *chunks = x;
+    x = n;
+  }
+  *jobs = NULL;
+  while (jb) {
+    kvt__job *n = jb->cq_next;
+    jb->cq_next = *jobs;
+    *jobs = jb;
+    jb = n;
+  }
+}
+
+void kvt__cq_drain(kvt_cache *c) {
+  if (tl_draining) return; /* the outer step goes round again */
+  tl_draining = 1;
+  for (int round = 0; round < 64 && atomic_load(&c->cq_n); round++) {
+    kvt__op *ops;
+    kvt__xchunk *chunks;
+    kvt__job *jobs;
+    cq_take(c, &ops, &chunks, &jobs);
+    pthread_mutex_lock(&c->lock);
+    for (kvt__op *o = ops, *n; o; o = n) {
+      n = o->cq_next; /* the op may be reused once applied */
+      apply_disk_op(c, o);
+    }
+    for (kvt__xchunk *x = chunks, *n; x; x = n) {
+      n = x->cq_next;
+      apply_chunk(c, x);
+    }
+    for (kvt__job *jb = jobs, *n; jb; jb = n) {
+      n = jb->cq_next;
+      apply_job_xfer(c, jb);
+    }
+    pthread_cond_broadcast(&c->cond);
+    pthread_mutex_unlock(&c->lock);
+    kvt__events_flush(c);
+    kvt__flush_submits(c);
+  }
+  tl_draining = 0;
+}
+
+int kvt__wait(kvt_cache *c, const struct timespec *dl) {
+  if (tl_draining) return dl ? pthread_cond_timedwait(&c->cond, &c->lock, dl) : pthread_cond_wait(&c->cond, &c->lock);
+  atomic_fetch_add(&c->cq_waiters, 1);
+  int rc = 0;
+  if (atomic_load(&c->cq_n)) {
+    pthread_mutex_unlock(&c->lock);
+    kvt__cq_drain(c);
+    pthread_mutex_lock(&c->lock);
+  } else {
+    rc = dl ? pthread_cond_timedwait(&c->cond, &c->lock, dl) : pthread_cond_wait(&c->cond, &c->lock);
+  }
+  atomic_fetch_sub(&c->cq_waiters, 1);
+  return rc;
+}
+
+/* ---- the progress thread ---- */
+
+/* Resumes jobs parked on a full disk queue; keeps those still stuck. */
+static void retry_diskwait(kvt_cache *c) {
+  uint32_t keep = 0, n = c->n_diskwait;
+  c->n_diskwait = 0; /* submit_disk_ops may park again: appended after */
+  for (uint32_t i = 0; i < n; i++) {
+    uint32_t j = c->diskwait[i];
+    if (!submit_disk_ops(c, &c->jobs[j])) c->diskwait[keep++] = j;
+  }
+  c->n_diskwait = keep;
+}
 
 static void *progress_main(void *arg) {
   kvt_cache *c = arg;
-  pthread_mutex_lock(&c->lock);
+  tl_progress = c;
+  pthread_mutex_lock(&c->cq_lock);
   for (;;) {
-    while (!c->n_progq && !c->progress_stop) pthread_cond_wait(&c->progress_cond, &c->lock);
-    if (!c->n_progq) break;
-    uint32_t j = c->progq[c->progq_head];
-    c->progq_head = (c->progq_head + 1) % c->n_jobs;
-    c->n_progq--;
-    pthread_mutex_unlock(&c->lock);
-    kvt__job_submit(c, j);
-    pthread_mutex_lock(&c->lock);
-    c->submitting--;
-    pthread_cond_broadcast(&c->cond);
+    while (!atomic_load(&c->cq_n) && !c->n_progq && !c->progress_stop) {
+      if (!c->n_diskwait) {
+        pthread_cond_wait(&c->cq_cond, &c->cq_lock);
+        continue;
+      }
+      /* Parked jobs resume on the next disk completion; the timeout covers
+       * ops that other users of the store (storage mode) free. */
+      struct timespec dl;
+      clock_gettime(CLOCK_REALTIME, &dl);
+      dl.tv_nsec += 1000000;
+      if (dl.tv_nsec >= 1000000000) dl.tv_sec++, dl.tv_nsec -= 1000000000;
+      if (pthread_cond_timedwait(&c->cq_cond, &c->cq_lock, &dl) != 0) break;
+    }
+    if (c->progress_stop && !atomic_load(&c->cq_n) && !c->n_progq && !c->n_diskwait) break;
+    uint32_t n = 0;
+    for (; c->n_progq; c->n_progq--) {
+      c->progq_take[n++] = c->progq[c->progq_head];
+      c->progq_head = (c->progq_head + 1) % c->n_jobs;
+    }
+    pthread_mutex_unlock(&c->cq_lock);
+    kvt__cq_drain(c);
+    if (c->n_diskwait) retry_diskwait(c);
+    for (uint32_t i = 0; i < n; i++) {
+      kvt__job_submit(c, c->progq_take[i]);
+      pthread_mutex_lock(&c->lock);
+      c->submitting--;
+      pthread_cond_broadcast(&c->cond);
+      pthread_mutex_unlock(&c->lock);
+    }
+    pthread_mutex_lock(&c->cq_lock);
   }
-  pthread_mutex_unlock(&c->lock);
+  pthread_mutex_unlock(&c->cq_lock);
   return NULL;
 }
 
 int kvt__progress_start(kvt_cache *c) {
   c->progq = calloc(c->n_jobs, sizeof *c->progq);
-  if (!c->progq) return -ENOMEM;
-  pthread_cond_init(&c->progress_cond, NULL);
+  c->progq_take = calloc(c->n_jobs, sizeof *c->progq_take);
+  c->diskwait = calloc(c->n_jobs, sizeof *c->diskwait);
+  if (!c->progq || !c->progq_take || !c->diskwait) return -ENOMEM;
   int rc = pthread_create(&c->progress_thread, NULL, progress_main, c);
-  if (rc) {
-    pthread_cond_destroy(&c->progress_cond);
-    return -rc;
-  }
+  if (rc) return -rc;
   c->progress_running = 1;
   return 0;
 }
 
 void kvt__progress_stop(kvt_cache *c) {
   if (c->progress_running) {
-    pthread_mutex_lock(&c->lock);
+    pthread_mutex_lock(&c->cq_lock);
     c->progress_stop = 1;
-    pthread_cond_signal(&c->progress_cond);
-    pthread_mutex_unlock(&c->lock);
+    pthread_cond_signal(&c->cq_cond);
+    pthread_mutex_unlock(&c->cq_lock);
     pthread_join(c->progress_thread, NULL);
-    pthread_cond_destroy(&c->progress_cond);
     c->progress_running = 0;
   }
   free(c->progq);
-  c->progq = NULL;
+  free(c->progq_take);
+  free(c->diskwait);
+  c->progq = c->progq_take = c->diskwait = NULL;
 }
 
 void kvt__progress_submit(kvt_cache *c, uint32_t j) {
-  c->progq[(c->progq_head + c->n_progq++) % c->n_jobs] = j;
   c->submitting++; /* kvt_drain waits for it */
-  pthread_cond_signal(&c->progress_cond);
-}
-
-void kvt__flush_submits(kvt_cache *c) {
-  for (;;) {
-    pthread_mutex_lock(&c->lock);
-    uint32_t j = c->n_submitq ? c->submitq[--c->n_submitq] : KVT__NONE;
-    pthread_mutex_unlock(&c->lock);
-    if (j == KVT__NONE) return;
-    kvt__job_submit(c, j);
-  }
-}
-
-/* ---- completion entry points (backend threads) ---- */
-
-/* A completion that starts the next job: its copy may finish before the
- * submit call returns, so kvt_drain also waits for c->submitting. */
-static void submit_from_library_thread(kvt_cache *c, uint32_t j) {
-  kvt__job_submit(c, j);
-  pthread_mutex_lock(&c->lock);
-  c->submitting--;
-  pthread_cond_broadcast(&c->cond);
-  pthread_mutex_unlock(&c->lock);
-}
-
-static void dev_done(kvt_dev_xfer *x, int status) {
-  kvt__job *jb = x->engine_data;
-  kvt_cache *c = jb->c;
-  pthread_mutex_lock(&c->lock);
-  if (status == 0 && (jb->flags & KVT__JF_CANCEL)) status = KVT_ECANCELED;
-  for (uint32_t i = 0; i < jb->n_ops; i++) {
-    kvt__op *op = &jb->ops[i];
-    op->status = status;
-    if (jb->kind == KVT__JOB_STORE) store_done(c, jb, op);
-    else load_done(c, jb, op);
-  }
-  if (status && !jb->status) jb->status = status;
-  observe(c, jb, 0, jb->bytes);
-  uint32_t next = write_through(c, jb);
-  int here = 0;
-  if (next != KVT__NONE) {
-    c->inflight++;
-    c->st.jobs_started++; /* like every other job: jobs_failed never exceeds it */
-    /* The spill may wait for free disk ops: never on this (the device's
-     * completion) thread, so later copies' completions are not held up. */
-    if (c->progress_running) kvt__progress_submit(c, next);
-    else here = 1, c->submitting++;
-  }
-  finish_job(c, jb);
-  pthread_cond_broadcast(&c->cond);
-  pthread_mutex_unlock(&c->lock);
-  kvt__events_flush(c);
-  if (here) submit_from_library_thread(c, next);
-}
-
-static void disk_op_done(void *arg, int status) {
-  kvt__op *op = arg;
-  kvt__job *jb = op->jb;
-  kvt_cache *c = jb->c;
-  int load_next = 0;
-  pthread_mutex_lock(&c->lock);
-  if (status == 0 && (jb->flags & KVT__JF_CANCEL)) status = KVT_ECANCELED;
-  op->status = status;
-  if (jb->kind == KVT__JOB_SPILL) spill_done(c, jb, op);
-  else fetch_done(c, jb, op);
-  if (op->status && !jb->status && jb->kind != KVT__JOB_LOAD) jb->status = op->status;
-  if (--jb->pending == 0) {
-    uint64_t n = jb->kind == KVT__JOB_LOAD ? jb->n_fetch : jb->n_ops;
-    observe(c, jb, 1, n * c->block_bytes);
-    if (jb->kind == KVT__JOB_LOAD) {
-      if (cut_loads_at_first_failure(c, jb) > 0) {
-        jb->phase = 2;
-        /* The device copy is submitted off the reaper, which reaps on. */
-        if (c->progress_running) kvt__progress_submit(c, jb->index);
-        else load_next = 1, c->submitting++;
-      } else {
-        finish_job(c, jb);
-      }
-    } else {
-      finish_job(c, jb);
-    }
-  }
-  pthread_cond_broadcast(&c->cond);
-  pthread_mutex_unlock(&c->lock);
-  kvt__events_flush(c);
-  if (load_next) submit_from_library_thread(c, jb->index);
+  pthread_mutex_lock(&c->cq_lock);
+  c->progq[(c->progq_head + c->n_progq++) % c->n_jobs] = j;
+  pthread_cond_signal(&c->cq_cond);
+  pthread_mutex_unlock(&c->cq_lock);
 }

@@ -286,7 +286,7 @@ static int reserve(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, con
     if (sr->must_wait) {
       unpin_prefix(c, chunk0, sr->n);
       if (!may_wait) return KVT_EAGAIN;
-      pthread_cond_wait(&c->cond, &c->lock);
+      kvt__wait(c, NULL);
       continue;
     }
     uint32_t n_copy = sr->n - sr->per_tier[KVT__T_DEV], n_stage = 0, job = KVT__NONE;
@@ -369,6 +369,7 @@ int kvt_acquire_after(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, 
     kvt__job *jb = &c->jobs[job];
     jb->req = r;
     jb->phase = jb->n_fetch ? 1 : 2;
+    jb->final_out = !jb->n_fetch; /* host hits only: one copy, the job's own */
     if (jb->n_fetch) jb->flags |= KVT__JF_LOAD_AFTER;
     c->inflight++;
     c->st.jobs_started++;
@@ -434,8 +435,8 @@ int kvt_request_wait(kvt_cache *c, kvt_req req, int64_t timeout_ns, uint32_t *n_
   int rc = 0;
   while (r != KVT__NONE && loading(c, &c->reqs[r]) && rc == 0) {
     if (timeout_ns == 0) rc = 1;
-    else if (timeout_ns < 0) pthread_cond_wait(&c->cond, &c->lock);
-    else if (pthread_cond_timedwait(&c->cond, &c->lock, &dl) != 0 && loading(c, &c->reqs[r])) rc = KVT_ETIMEDOUT;
+    else if (timeout_ns < 0) kvt__wait(c, NULL);
+    else if (kvt__wait(c, &dl) != 0 && loading(c, &c->reqs[r])) rc = KVT_ETIMEDOUT;
   }
   if (r == KVT__NONE) rc = KVT_ENOJOB;
   else if (n_ready) *n_ready = rc == 0 ? ready_prefix(c, &c->reqs[r]) : 0;
@@ -467,18 +468,29 @@ int kvt_request_block_states(kvt_cache *c, kvt_req req, uint8_t *states, size_t 
   return rc;
 }
 
+/* A load's device copy of a layer may be waited for once every copy of the
+ * job is with the backend: its streamed chunks are over (they go back to
+ * the pool as they finish) and its own xfer, if any, is submitted. Lock held. */
+static int copies_settled(const kvt_cache *c, const kvt__request *rq) {
+  const kvt__job *jb = &c->jobs[rq->job];
+  return jb->submitted && jb->chunks_out == 0;
+}
+
 int kvt_request_layer_ready(kvt_cache *c, kvt_req req, uint32_t layer) {
   KVT__REQ_CHECK(c);
   if (layer >= c->layout.num_layers) return -EINVAL;
   pthread_mutex_lock(&c->lock);
   uint32_t r = req_from_handle(c, req);
   int rc = r == KVT__NONE ? KVT_ENOJOB : 0;
+  kvt__job *jb = NULL;
   if (rc == 0 && loading(c, &c->reqs[r])) {
-    kvt__job *jb = &c->jobs[c->reqs[r].job];
-    rc = jb->submitted && !c->metadata_only ? kvt__dev_layer_ready(&c->dev, &jb->xfer, layer) : 1;
+    if (!copies_settled(c, &c->reqs[r]) || c->metadata_only) rc = 1;
+    else jb = &c->jobs[c->reqs[r].job];
   }
   pthread_mutex_unlock(&c->lock);
-  return rc;
+  /* The backend's query (cudaEventQuery) runs outside the metadata lock;
+   * the job stays the request's until kvt_release, so jb is safe here. */
+  return jb ? kvt__dev_layer_ready(&c->dev, &jb->xfer, layer) : rc;
 }
 
 int kvt_request_wait_layer(kvt_cache *c, kvt_req req, uint32_t layer, void *stream) {
@@ -492,7 +504,7 @@ int kvt_request_wait_layer(kvt_cache *c, kvt_req req, uint32_t layer, void *stre
   }
   /* The device copy of a layer exists only once the fetch phase is over
    * and the backend has accepted the load. */
-  while (loading(c, &c->reqs[r]) && !c->jobs[c->reqs[r].job].submitted) pthread_cond_wait(&c->cond, &c->lock);
+  while (loading(c, &c->reqs[r]) && !copies_settled(c, &c->reqs[r])) kvt__wait(c, NULL);
   kvt__job *jb = loading(c, &c->reqs[r]) ? &c->jobs[c->reqs[r].job] : NULL;
   pthread_mutex_unlock(&c->lock);
   /* The job stays the request's until kvt_release, so jb is safe here. */
@@ -582,7 +594,7 @@ int kvt_release(kvt_cache *c, kvt_req req) {
     return KVT_ENOJOB;
   }
   kvt__request *rq = &c->reqs[r];
-  while (loading(c, rq)) pthread_cond_wait(&c->cond, &c->lock);
+  while (loading(c, rq)) kvt__wait(c, NULL);
   /* Last block first: ancestors end up more recent than their tails. */
   uint32_t total = rq->n_blocks + rq->n_extra;
   uint32_t id = rq->chunk_last * KVT__REF_CHUNK + (total - 1) % KVT__REF_CHUNK;

@@ -118,8 +118,8 @@ int kvt_job_wait(kvt_cache *c, kvt_job job, int64_t timeout_ns) {
   int rc = h == KVT__NONE ? KVT_ENOJOB : 0;
   while (rc == 0 && !c->handles[h].done) {
     if (timeout_ns == 0) rc = 1;
-    else if (timeout_ns < 0) pthread_cond_wait(&c->cond, &c->lock);
-    else if (pthread_cond_timedwait(&c->cond, &c->lock, &dl) != 0 && !c->handles[h].done) rc = KVT_ETIMEDOUT;
+    else if (timeout_ns < 0) kvt__wait(c, NULL);
+    else if (kvt__wait(c, &dl) != 0 && !c->handles[h].done) rc = KVT_ETIMEDOUT;
     /* Another thread may have released the handle while this one waited. */
     if (rc == 0 && kvt__job_from_handle(c, job) != h) rc = KVT_ENOJOB;
   }

@@ -18,6 +18,8 @@ typedef enum kvt__fault_site {
   KVT_FAULT_PIN,              /* pinning of host memory (CUDA) */
   KVT_FAULT_ALLOC,            /* an engine allocation (arg: KVT_ALLOC_*) */
   KVT_FAULT_PREALLOC,         /* disk file preallocation (arg: bytes wanted) */
+  KVT_FAULT_STORE_OP_DELAY_US, /* microseconds to stall the disk store's op allocation
+                                  (arg: 1 if the caller may wait for a free op) */
   KVT_FAULT_SITE_COUNT
 } kvt__fault_site;
 
