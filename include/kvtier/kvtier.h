@@ -19,9 +19,15 @@
  *    cache. Functions marked "may block" wait for copies or I/O;
  *    kvt_acquire and kvt_prefetch never wait for disk reads.
  *    kvtier's own threads (docs/pipeline.md): device copy workers (host
- *    backend) or CUDA's completion thread, the disk reaper, and with a disk
- *    tier one progress thread that submits a restore's disk reads; they
- *    apply completions to the tier map under the metadata lock.
+ *    backend) or CUDA's completion thread, the disk reaper and checksum
+ *    threads, and one progress thread per cache. Backend threads only post
+ *    completion records (job, op, status) to the cache's completion queue;
+ *    applying them to the tier map and starting what follows (eviction,
+ *    spills, write-through, a restore's next stage) runs on the progress
+ *    thread, or inside a call that would otherwise wait for them
+ *    (kvt_request_wait, kvt_job_wait, kvt_release, kvt_drain, an acquire
+ *    waiting for evictions). Only the progress thread hands I/O to the disk
+ *    store, and it never waits for a free queue entry.
  *  - Callbacks: none but the optional log hook (kvt_set_log_handler, or
  *    the config's log_fn).
  *    kvtier never calls into the engine from its threads otherwise;
@@ -432,7 +438,8 @@ typedef struct kvt_acquire_info {
  * slots[n_blocks + extra_slots] receives the slot of every block.
  * May block while evicted blocks are copied down (never with NOWAIT); never
  * waits for disk reads: blocks restored from disk are read by kvtier's
- * progress thread, in batches, after the call has returned 1.
+ * progress thread, in batches, after the call has returned 1, and their
+ * device copies start chunk by chunk as the reads land.
  * Returns 0 (nothing to load), 1 (loads in flight: kvt_request_wait), or
  * KVT_ENOSPACE when the device tier cannot free enough unpinned slots. */
 KVT_API int kvt_acquire(kvt_cache *c, const kvt_key *keys, const uint32_t *tokens, size_t n_blocks,
@@ -471,7 +478,8 @@ enum {
 KVT_API int kvt_request_block_states(kvt_cache *c, kvt_req req, uint8_t *states, size_t n);
 /* As poll, but waits (timeout_ns < 0: forever; else KVT_ETIMEDOUT). May block. */
 KVT_API int kvt_request_wait(kvt_cache *c, kvt_req req, int64_t timeout_ns, uint32_t *n_ready);
-/* 0 when layer `layer` of every loading block has landed, 1 if not yet. */
+/* 0 when layer `layer` of every loading block has landed, 1 if not yet.
+ * The backend is queried outside the metadata lock. Never blocks. */
 KVT_API int kvt_request_layer_ready(kvt_cache *c, kvt_req req, uint32_t layer);
 /* Orders the engine's work after layer `layer` has landed: with CUDA,
  * `stream` (a cudaStream_t) waits on the layer's event and the CPU does not
