@@ -212,7 +212,7 @@ struct kvt_cache {
   char detail[256];    /* kvt_error_detail: why kvt_register_layout failed */
 };
 
-/* jobs.c */
+/* jobs.c: the pool, handles, submission to the backends, posting. */
 /* A job from the pool, or KVT__NONE. Engine jobs (KVT__JF_USER, which also
  * takes a handle) and request loads leave KVT__JOBS_RESERVED for internal work. */
 uint32_t kvt__job_new(kvt_cache *c, int kind, uint32_t flags);
@@ -226,7 +226,16 @@ kvt_job kvt__job_handle(const kvt_cache *c, uint32_t j);
 uint32_t kvt__job_from_handle(const kvt_cache *c, kvt_job h);
 /* Forgets handle slot h: a job still running completes on its own. */
 void kvt__handle_release(kvt_cache *c, uint32_t h);
-void kvt__job_submit(kvt_cache *c, uint32_t j); /* lock NOT held */
+/* Backend-facing submission (lock NOT held), used by progress.c: */
+void kvt__job_copy(kvt_cache *c, kvt__job *jb);        /* its device copy */
+int kvt__job_disk_phase(const kvt__job *jb);
+void kvt__job_disk_start(kvt_cache *c, kvt__job *jb);  /* counts its disk ops */
+int kvt__job_disk_ops(kvt_cache *c, kvt__job *jb);     /* 1: all handed over; 0: queue full */
+void kvt__chunk_submit(kvt_cache *c, kvt__xchunk *ch);
+void kvt__fill_record_identity(kvt_cache *c, uint32_t e, uint32_t dev_slot, uint32_t host_slot);
+/* progress.c: submits a job's current phase (disk I/O via the progress
+ * thread). Lock NOT held. */
+void kvt__job_submit(kvt_cache *c, uint32_t j);
 /* With the lock held: submit j once the lock is dropped (kvt__flush_submits). */
 void kvt__queue_submit(kvt_cache *c, uint32_t j);
 void kvt__flush_submits(kvt_cache *c);           /* lock NOT held */
@@ -256,12 +265,15 @@ void kvt__refs_free(kvt_cache *c, uint32_t first_chunk, uint32_t last_chunk, uin
 /* Id of ref i of the list starting at first_chunk: O(i / KVT__REF_CHUNK). */
 uint32_t kvt__ref_id(const kvt_cache *c, uint32_t first_chunk, uint32_t i);
 
-/* evict.c: called with c->lock held. */
-int kvt__make_room(kvt_cache *c, int tier, uint32_t need, int may_wait);
+/* evict.c: called with c->lock held; never waits. */
+int kvt__room_step(kvt_cache *c, int tier, uint32_t need);
 void kvt__drop_tier(kvt_cache *c, uint32_t e, int tier);
 void kvt__maybe_remove(kvt_cache *c, uint32_t e);
 uint32_t kvt__start_store(kvt_cache *c, const uint32_t *entries, uint32_t n, uint32_t flags);
-void kvt__fill_record_identity(kvt_cache *c, uint32_t e, uint32_t dev_slot, uint32_t host_slot);
+
+/* progress.c: room in a tier (lock held); may_wait: waits for demotions,
+ * applying completions itself. 0, KVT_EAGAIN (!may_wait), KVT_ENOSPACE. */
+int kvt__make_room(kvt_cache *c, int tier, uint32_t need, int may_wait);
 
 /* storage.c: storage mode (KVT_LAYOUT_STORAGE). */
 int kvt__storage_layout_ok(kvt_cache *c, const kvt_layout *l);
