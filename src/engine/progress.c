@@ -477,7 +477,6 @@ int kvt__wait(kvt_cache *c, const struct timespec *dl) {
 /* Resumes jobs parked on a full disk queue; keeps those still stuck. */
 static void retry_diskwait(kvt_cache *c) {
   uint32_t keep = 0, n = c->n_diskwait;
-  c->n_diskwait = 0; /* submit_disk_ops may park again: appended after */
   for (uint32_t i = 0; i < n; i++) {
     uint32_t j = c->diskwait[i];
     if (!kvt__job_disk_ops(c, &c->jobs[j])) c->diskwait[keep++] = j;
