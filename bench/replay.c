@@ -22,7 +22,10 @@ typedef struct replay_cli {
   kvt_bench_source src;
   kvt_bench_replay_opts ro;
   int have_dev, have_host, have_disk, json;
+  int mode; /* MODE_* */
 } replay_cli;
+
+enum { MODE_OWNER = 0, MODE_STORAGE = 1, MODE_BOTH = 2 };
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -42,6 +45,11 @@ static void usage(FILE *f) {
           "  --disk-path FILE      real payload: disk file (overwritten; default: a temp dir)\n"
           "  --restore plan|all|none  restore the planner's k blocks (plan), the whole\n"
           "                        cached prefix, or nothing\n"
+"  --mode owner|storage|both  owner: kvtier hands out the device slots (default);\n"
+          "                        storage: the engine owns its device pool (pages in RAM\n"
+          "                        with its own LRU) and kvtier is the host and disk tiers\n"
+          "                        below it (exists, get-into, put-from per request; real\n"
+          "                        payload); both: each in turn, hit ratios side by side\n"
           "  --whole-ids           count a trace's partial last id as a block (as the trace's\n"
           "                        published LRU figures do); default: full blocks only\n"
           "  --metrics-out FILE    at the end, the engine's metrics in Prometheus text format\n"
@@ -106,6 +114,14 @@ static int parse(int argc, char **argv, replay_cli *o) {
         return 2;
       }
       o->ro.payload_scale = (uint32_t)sc;
+    } else if (!strcmp(a, "--mode")) {
+      if (!strcmp(v, "owner")) o->mode = MODE_OWNER;
+      else if (!strcmp(v, "storage")) o->mode = MODE_STORAGE;
+      else if (!strcmp(v, "both")) o->mode = MODE_BOTH;
+      else {
+        fprintf(stderr, "kvtier-bench replay: --mode '%s': expected owner, storage or both\n", v);
+        return 2;
+      }
     } else if (!strcmp(a, "--disk-path")) {
       o->ro.disk_path = v;
     } else if (!strcmp(a, "--metrics-out")) {
@@ -127,7 +143,8 @@ static double ratio(uint64_t a, uint64_t b) { return b ? (double)a / (double)b :
 static void print_json(const kvt_bench_trace *t, const replay_cli *o, const kvt_bench_replay_result *r) {
   const kvt_stats *st = &r->st;
   uint64_t mb = r->model_block_bytes;
-  printf("{\"source\":\"%s\",\"model\":\"%s\",\"block_tokens\":%u,\"payload\":\"%s\",\"payload_scale\":%u,"
+  printf("{\"mode\":\"%s\",", o->ro.storage_mode ? "storage" : "owner");
+  printf("\"source\":\"%s\",\"model\":\"%s\",\"block_tokens\":%u,\"payload\":\"%s\",\"payload_scale\":%u,"
          "\"restore\":\"%s\",\"whole_ids\":%d,",
          t->source, o->ro.model, t->block_tokens, o->ro.payload_real ? "real" : "none", r->payload_scale,
          o->ro.restore == KVT_BENCH_RESTORE_PLAN ? "plan" : o->ro.restore == KVT_BENCH_RESTORE_ALL ? "all" : "none",
@@ -215,7 +232,9 @@ static void print_human(const kvt_bench_trace *t, const replay_cli *o, const kvt
   human_bytes(bb, sizeof bb, (double)mb);
   uint64_t caps[3] = {o->ro.device_blocks, o->ro.host_blocks, o->ro.disk_blocks};
   for (int i = 0; i < 3; i++) human_bytes(tier[i], sizeof tier[i], (double)caps[i] * (double)mb);
-  printf("kvtier replay: %s\n", t->source);
+  int dev_base = o->ro.device_blocks && !o->ro.storage_mode; /* storage mode runs no device-only baseline */
+  printf("kvtier replay%s: %s\n", o->ro.storage_mode ? " (storage mode: the engine owns the device pool)" : "",
+         t->source);
   printf("  model %s, %u tokens/block = %s of KV per block; payload %s", o->ro.model, t->block_tokens, bb,
          o->ro.payload_real ? "real" : "none (metadata only)");
   if (o->ro.payload_real) {
@@ -264,7 +283,7 @@ static void print_human(const kvt_bench_trace *t, const replay_cli *o, const kvt
   printf("  estimated TTFT (cost model)                 p50        p99       mean   block hits\n");
   printf("  %-40s %9.4f s %9.4f s %9.4f s   %.4f\n", "kvtier (these tiers)", r->ttft_p50_s, r->ttft_p99_s,
          r->ttft_mean_s, ratio(r->blocks_hit, r->blocks_total));
-  if (o->ro.device_blocks)
+  if (dev_base)
     printf("  %-40s %9.4f s %9.4f s %9.4f s   %.4f\n", "device-only prefix cache (same device)",
            r->ttft_device_only_p50_s, r->ttft_device_only_p99_s, r->ttft_device_only_mean_s,
            ratio(r->device_only_blocks_hit, r->blocks_total));
@@ -272,9 +291,24 @@ static void print_human(const kvt_bench_trace *t, const replay_cli *o, const kvt
          r->ttft_recompute_p99_s, r->ttft_recompute_mean_s, 0.0);
   printf("\n");
   verdict_line("verdict: kvtier TTFT p50", r->ttft_p50_s, r->ttft_device_only_p50_s, r->ttft_recompute_p50_s,
-               o->ro.device_blocks != 0);
+               dev_base);
   verdict_line("         kvtier TTFT p99", r->ttft_p99_s, r->ttft_device_only_p99_s, r->ttft_recompute_p99_s,
-               o->ro.device_blocks != 0);
+               dev_base);
+}
+
+/* Both modes on the same trace and capacities. */
+static void print_side_by_side(const kvt_bench_replay_result r[2]) {
+  printf("\nboth modes, same trace and capacities:\n");
+  printf("  %-8s %16s %16s %12s %12s %12s\n", "mode", "block hit ratio", "token hit ratio", "hits device",
+         "hits host", "hits disk");
+  static const char *name[2] = {"owner", "storage"};
+  for (int m = 0; m < 2; m++)
+    printf("  %-8s %16.6f %16.6f %12llu %12llu %12llu\n", name[m], ratio(r[m].blocks_hit, r[m].blocks_total),
+           ratio(r[m].tokens_hit, r[m].tokens_total), (unsigned long long)r[m].hits_device,
+           (unsigned long long)r[m].hits_host, (unsigned long long)r[m].hits_disk);
+  printf("  hit blocks %s (owner %llu, storage %llu of %llu)\n",
+         r[0].blocks_hit == r[1].blocks_hit ? "agree" : "differ", (unsigned long long)r[0].blocks_hit,
+         (unsigned long long)r[1].blocks_hit, (unsigned long long)r[0].blocks_total);
 }
 
 static int replay_main(int argc, char **argv) {
@@ -291,17 +325,23 @@ static int replay_main(int argc, char **argv) {
   if (!o.have_host) o.ro.host_blocks = DEFAULT_HOST_TOKENS / bt;
   if (!o.have_disk) o.ro.disk_blocks = DEFAULT_DISK_TOKENS / bt;
   o.ro.progress = progress;
-  kvt_bench_replay_result r;
-  char err[256] = "";
-  rc = kvt_bench_replay_run(&t, &o.ro, &r, err, sizeof err);
-  kvt_bench_progress_done();
-  if (rc) {
-    fprintf(stderr, "kvtier-bench replay: %s\n", err);
-    kvt_bench_trace_free(&t);
-    return 1;
+  static kvt_bench_replay_result r[2];
+  for (int m = 0; m < 2; m++) {
+    if ((m == 0 && o.mode == MODE_STORAGE) || (m == 1 && o.mode == MODE_OWNER)) continue;
+    o.ro.storage_mode = m;
+    if (m == 1) o.ro.payload_real = 1; /* storage mode moves real bytes */
+    char err[256] = "";
+    rc = kvt_bench_replay_run(&t, &o.ro, &r[m], err, sizeof err);
+    kvt_bench_progress_done();
+    if (rc) {
+      fprintf(stderr, "kvtier-bench replay%s: %s\n", m ? " (storage mode)" : "", err);
+      kvt_bench_trace_free(&t);
+      return 1;
+    }
+    if (o.json) print_json(&t, &o, &r[m]);
+    else print_human(&t, &o, &r[m]);
   }
-  if (o.json) print_json(&t, &o, &r);
-  else print_human(&t, &o, &r);
+  if (o.mode == MODE_BOTH && !o.json) print_side_by_side(r);
   kvt_bench_trace_free(&t);
   return 0;
 }

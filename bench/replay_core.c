@@ -409,6 +409,22 @@ static int open_engines(replay_state *s, const kvt_bench_trace *t, const kvt_ben
   return engine_open(&s->base, &b, err, len);
 }
 
+/* Storage mode: the same capacities and payload scale rules as owner mode. */
+static int replay_storage(const kvt_bench_trace *t, const kvt_bench_replay_opts *o, const kvt_model_desc *m,
+                          kvt_bench_replay_result *r, char *err, size_t len) {
+  uint32_t max_keyed = 0;
+  for (size_t i = 0; i < t->n_reqs; i++) {
+    uint32_t k = kvt_bench_replay_keyed(t, &t->reqs[i], o->whole_ids);
+    if (k > max_keyed) max_keyed = k;
+  }
+  if (o->device_blocks && max_keyed > o->device_blocks) max_keyed = (uint32_t)o->device_blocks;
+  if (!o->host_blocks && !o->disk_blocks) return set_err(err, len, "storage mode needs a host or a disk tier");
+  if (o->metrics_out) return set_err(err, len, "--metrics-out is for owner mode");
+  uint64_t dev = o->device_blocks ? o->device_blocks : (max_keyed ? max_keyed : 1);
+  uint32_t scale = o->payload_scale ? o->payload_scale : auto_scale(o, dev, r->model_block_bytes);
+  return kvt_bench_replay_storage(t, o, m, max_keyed, scale, r, err, len);
+}
+
 /* The engine's metrics exposition into path (JSON for *.json). */
 static int write_metrics(kvt_cache *c, const char *path, char *err, size_t errlen) {
   size_t n = strlen(path);
@@ -433,6 +449,7 @@ int kvt_bench_replay_run(const kvt_bench_trace *t, const kvt_bench_replay_opts *
   if (kvt_model_preset(o->model ? o->model : "llama3-8b", &m) != 0)
     return set_err(err, errlen, "unknown model '%s' (kvtier-bench cost --model list)", o->model);
   r->model_block_bytes = kvt_model_kv_bytes_per_token(&m) * t->block_tokens;
+  if (o->storage_mode) return replay_storage(t, o, &m, r, err, errlen);
   replay_state s;
   memset(&s, 0, sizeof s);
   s.ttft = malloc(t->n_reqs * sizeof *s.ttft);

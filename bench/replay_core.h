@@ -70,6 +70,9 @@ typedef struct kvt_bench_replay_opts {
   kvt_bench_restore restore;
   int whole_ids;            /* count the partial last id as a block (see above) */
   int device_only_baseline; /* run the second engine (1) */
+  int storage_mode;         /* drive storage mode instead (bench/replay_storage.c): the engine
+                               owns its device pool, kvtier is the host and disk tiers; real
+                               payload always, no device-only baseline */
   kvt_hw_desc hw;           /* the hardware the cost model assumes (kvt_hw_init) */
   const char *metrics_out;  /* at the end, the engine's kvt_metrics_write text here (NULL: none);
                                JSON when the name ends in ".json", else Prometheus text */
@@ -108,6 +111,11 @@ typedef struct kvt_bench_replay_result {
  * negative code with a message in err (engine errors carry kvt_strerror). */
 int kvt_bench_replay_run(const kvt_bench_trace *t, const kvt_bench_replay_opts *o, kvt_bench_replay_result *r,
                          char *err, size_t errlen);
+
+/* Storage mode's replay (bench/replay_storage.c), called by
+ * kvt_bench_replay_run with the longest keyed request and the payload scale. */
+int kvt_bench_replay_storage(const kvt_bench_trace *t, const kvt_bench_replay_opts *o, const kvt_model_desc *m,
+                             uint32_t max_keyed, uint32_t scale, kvt_bench_replay_result *r, char *err, size_t len);
 
 /* The number of blocks request q keys under o's rules (before truncation). */
 uint32_t kvt_bench_replay_keyed(const kvt_bench_trace *t, const kvt_bench_req *q, int whole_ids);

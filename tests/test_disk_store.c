@@ -23,7 +23,7 @@
 #define BIG_PAYLOAD (512u * 1024u + 100u)
 
 static size_t g_payload = PAYLOAD; /* of the open fixture */
-#define SLOTS 16u
+#define SLOTS 24u
 
 static kvt_disk_backend g_backend;
 static const char *g_name;
@@ -841,12 +841,12 @@ static void test_try_batch_never_waits(void **state) {
 }
 
 /* Records hashed on the checksum threads hold their op while hashed, so
- * the store takes half its queue depth again: with the reaper held (every
- * op stays taken), a never-waiting batch queues 8 + 4, and each of those
+ * the store takes its queue depth again: with the reaper held (every op
+ * stays taken), a never-waiting batch queues 8 + 8, and each of those
  * reads is verified on its own (one asks for another key and fails alone). */
 static void test_hashed_records_get_headroom(void **state) {
   fx *f = *state;
-  enum { N = SLOTS, DEPTH = 8, OPS = DEPTH + DEPTH / 2, WRONG = 5 };
+  enum { N = SLOTS, DEPTH = 8, OPS = 2 * DEPTH, WRONG = 5 };
   reopen_big(f, 2, 0);
   kvt__disk_info in;
   kvt__disk_get_info(f->d, &in);
@@ -895,7 +895,7 @@ static void test_hashed_records_get_headroom(void **state) {
  * fails that block alone; the others are verified and returned. */
 static void test_eio_on_one_read_of_a_full_hashed_queue(void **state) {
   fx *f = *state;
-  enum { OPS = 12 }; /* queue_depth 8 + 4 */
+  enum { OPS = 16 }; /* queue_depth 8 + 8 */
   reopen_big(f, 2, 0);
   for (uint32_t i = 0; i < OPS; i++) assert_int_equal(write_sync(f, i, 600 + i), 0);
   fault_plan p = {KVT_FAULT_IO_COMPLETE, -EIO, 1};

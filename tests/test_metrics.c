@@ -415,15 +415,17 @@ static void io_errors_logged_once_then_counted(void **state) {
   assert_int_equal(book_wait(KVT_LOG_ERROR, "disk I/O error", NULL, 2), 2);
   assert_true(book_count(KVT_LOG_ERROR, "disk I/O error", "since the last report)") >= 1);
   assert_int_equal(book_events("disk I/O error"), 4 + 1);
-  /* Errors held back by the rate limit are reported at kvt_close, not lost. */
-  /* A third conversation, so the host's victims are A's four blocks whichever
-   * of B's writes failed (spills are written as one batch: completion order
-   * is the disk's). */
+  /* Errors held back by the rate limit are reported at kvt_close, not lost.
+   * A third conversation (B's disk copies depend on which of its writes
+   * finished first) pushes A's four blocks to disk: two writes fail. */
   request(&f, kC, tC, 4, 4, 3);
   arm(KVT_FAULT_IO_COMPLETE, -EIO, 2);
-  fixture_offload(&f, kC, 4); /* A spills: two writes fail */
+  fixture_offload(&f, kC, 4);
   kvt_drain(f.c);
+  assert_int_equal(atomic_load(&fault_left), 0);
   disarm();
+  kvt_stats st = fixture_stats(&f);
+  assert_int_equal(st.io_errors, 4 + 1 + 2);
   fixture_close(&f);
   assert_int_equal(book_events("disk I/O error"), 4 + 1 + 2);
 }

@@ -495,6 +495,29 @@ static void prefetch_promotes_disk_blocks_to_host(void **s) {
   sfix_close(&f);
 }
 
+/* A get makes its blocks the most recent last block first, as owner mode's
+ * release does: the tail of a chain is evicted before its ancestors. */
+static void a_get_leaves_ancestors_more_recent_than_tails(void **s) {
+  (void)s;
+  sfix f;
+  sfix_open(&f, 4, 0, 1);
+  int32_t res[NB];
+  uint32_t ok = 0;
+  fill_blocks(&f, 5, 6);
+  assert_int_equal(do_batch(&f, 0, 0, 4, 0, NULL, 0, res, &ok), 0);
+  assert_int_equal(do_batch(&f, 1, 0, 4, 0, NULL, 0, res, &ok), 0);
+  assert_int_equal(ok, 4);
+  /* One more block: the host tier is full, its least recent block goes. */
+  assert_int_equal(do_batch(&f, 0, 4, 1, 0, NULL, 0, res, &ok), 0);
+  kvt_lookup_result r = exists(&f, 5);
+  assert_int_equal(r.n_prefix, 3);
+  uint8_t tiers[1];
+  kvt_lookup_result one = {.size = sizeof one};
+  assert_int_equal(kvt_exists(f.c, &f.keys[3], &f.keys[4], 1, 0, &one, tiers), 0);
+  assert_int_equal(one.n_prefix, 1);
+  sfix_close(&f);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(round_trip_host_one_piece),
@@ -512,6 +535,7 @@ int main(void) {
       cmocka_unit_test(opaque_engine_keys_stand_alone),
       cmocka_unit_test(keys_in_flight_are_not_written_twice),
       cmocka_unit_test(prefetch_promotes_disk_blocks_to_host),
+      cmocka_unit_test(a_get_leaves_ancestors_more_recent_than_tails),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -241,8 +241,23 @@ static void run_get(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb) {
 
 /* ---- the worker ---- */
 
+/* A get's loaded blocks become the most recent in every tier holding them,
+ * last block first, as owner mode's kvt_release does: a chain's ancestors
+ * outlive its tails. Found again by key: an entry unpinned at its commit
+ * may since have gone. Puts touch nothing, as kvt_store does not. Lock held. */
+static void touch_loaded(kvt_cache *c, const kvt__sjob *jb) {
+  for (uint32_t i = jb->n_blocks; i-- > 0;) {
+    if (jb->blocks[i].entry == KVT__NONE || jb->blocks[i].result != 0) continue;
+    uint32_t e = kvt__index_find(&c->map, &jb->keys[i]);
+    if (e == KVT__NONE) continue;
+    kvt__index_touch(&c->map, e, KVT__T_HOST);
+    kvt__index_touch(&c->map, e, KVT__T_DISK);
+  }
+}
+
 static void finish(kvt_cache *c, kvt__sjob *jb, uint32_t j) {
   kvt__storage *s = c->storage;
+  if (jb->kind == KVT__SJ_GET) touch_loaded(c, jb);
   for (uint32_t i = 0; i < jb->n_blocks && !jb->status; i++)
     if (jb->blocks[i].result < 0) jb->status = jb->blocks[i].result;
   for (uint64_t m = jb->regions, r = 0; m; r++, m >>= 1)

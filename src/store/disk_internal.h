@@ -18,12 +18,17 @@
  * handing one to a checksum thread costs more than hashing it. */
 #define KVT_DISK_HANDOFF_BYTES (256u << 10)
 /* Such a record keeps its op while a checksum thread hashes it, out of the
- * ring: the store holds queue_depth / KVT_DISK_HASH_HEADROOM_DIV more ops,
+ * ring: the store holds queue_depth * KVT_DISK_HASH_HEADROOM_MUL more ops,
  * so the disk still has queue_depth I/Os while landed reads are verified
- * and writes sealed. Without them a 2 MiB fetch ran 10-15% under raw
- * io_uring at the same depth; the same store without payload verification
- * matched it, so the shortfall was the ops held by hashing. */
-#define KVT_DISK_HASH_HEADROOM_DIV 2u
+ * and writes sealed. Hashing itself holds few (a 2 MiB record verifies in
+ * about 0.2 ms on one core); waiting for a checksum thread to be scheduled
+ * holds many more, in bursts, on a machine whose CPUs are shared with
+ * other work, and completions of a virtual disk arrive 10-30 at a time.
+ * With half the queue depth as headroom, ops waiting for a checksum thread
+ * left 30-42 of 48 at the disk and fetches of 0.875 MiB records ran 25%
+ * under the store without verification; with a whole queue depth, 45-58
+ * of 64 stay at the disk and fetches and spills matched raw io_uring. */
+#define KVT_DISK_HASH_HEADROOM_MUL 1u
 
 enum { OP_WRITE = 1, OP_READ, OP_TOMB };
 

@@ -8,7 +8,8 @@
  * caller nor the reaper ever hashes a large payload in series with the
  * ring; smaller ones are hashed in place, where a thread handoff would cost
  * more than the hash. An op is in exactly one place at a time (caller,
- * backend, reaper, checksum queue), and there are queue_depth of them. */
+ * backend, reaper, checksum queue), and there are queue_depth of them
+ * (twice that for records hashed on the checksum threads). */
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
@@ -558,7 +559,7 @@ static kvt__disk *disk_new(const kvt__disk_cfg *c) {
   d->data_off = KVT_DISK_SUPER_BYTES;
   d->ns = c->ns;
   d->queue_depth = c->queue_depth ? c->queue_depth : DEFAULT_QUEUE_DEPTH;
-  d->depth = d->queue_depth + (d->handoff ? d->queue_depth / KVT_DISK_HASH_HEADROOM_DIV : 0);
+  d->depth = d->queue_depth + (d->handoff ? d->queue_depth * KVT_DISK_HASH_HEADROOM_MUL : 0);
   d->bufs = c->bufs;
   d->buf_lens = c->buf_lens;
   d->n_bufs = c->n_bufs;
@@ -626,7 +627,13 @@ void kvt__disk_close(kvt__disk *d) {
   pthread_mutex_unlock(&d->lock);
   stop_threads(d);
   kvt__io_close(&d->io);
-  if (d->fd >= 0) close(d->fd);
+  /* Unlock before close: a ring torn down by the kernel in the background
+   * may hold the file a while longer, and with it an flock that the next
+   * opener would wait for. Nothing is in flight by now. */
+  if (d->fd >= 0) {
+    flock(d->fd, LOCK_UN);
+    close(d->fd);
+  }
   pthread_mutex_destroy(&d->lock);
   pthread_cond_destroy(&d->cond);
   pthread_mutex_destroy(&d->hq_lock);
