@@ -509,8 +509,9 @@ static void *progress_main(void *arg) {
       c->progq_head = (c->progq_head + 1) % c->n_jobs;
     }
     pthread_mutex_unlock(&c->cq_lock);
-    kvt__cq_drain(c);
+    /* Refill the disk queue first (completions freed ops), then apply. */
     if (c->n_diskwait) retry_diskwait(c);
+    kvt__cq_drain(c);
     for (uint32_t i = 0; i < n; i++) {
       kvt__job_submit(c, c->progq_take[i]);
       pthread_mutex_lock(&c->lock);
