@@ -822,6 +822,13 @@ static void disk_restore_streams_device_copies(void **state) {
   kvt_req r;
   uint32_t slots[NS], ready = 0;
   assert_int_equal(kvt_acquire(f.c, k, t, NS, NS, 0, 0, &r, slots, NULL), 1);
+  /* Per-layer readiness spans every copy of the restore, streamed or not:
+   * once each layer has been waited for, every block's bytes are there. */
+  for (uint32_t l = 0; l < FIX_LAYERS; l++) {
+    assert_int_equal(kvt_request_wait_layer(f.c, r, l, NULL), 0);
+    assert_int_equal(kvt_request_layer_ready(f.c, r, l), 0);
+  }
+  for (uint32_t i = 0; i < NS; i++) assert_true(fixture_check(&f, slots[i], block_seed(7, i)));
   assert_int_equal(kvt_request_wait(f.c, r, -1, &ready), 0);
   kvt__fault_set(NULL, NULL);
   assert_int_equal(ready, NS);
