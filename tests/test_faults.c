@@ -11,6 +11,7 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "kv_fixture.h"
@@ -879,6 +880,85 @@ static void streamed_copy_failure_cuts_the_rest(void **state) {
   close_disk(&f);
 }
 
+/* Completions are data: a backend thread only posts them. What a failed
+ * copy or write does to the tier map, and the log line it causes, happen in
+ * a progress step (the progress thread, or a caller that waits), never on
+ * the copy worker or the disk reaper that saw the failure. The hook records
+ * those threads as it injects the errors; the log hook checks it is on none
+ * of them. */
+#define MAX_BACKEND_THREADS 16
+static pthread_t backend_threads[MAX_BACKEND_THREADS];
+static atomic_int n_backend_threads, fail_dev_left, fail_io_left, lines_logged, lines_on_backend;
+static pthread_mutex_t backend_threads_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void note_backend_thread(void) {
+  pthread_mutex_lock(&backend_threads_lock);
+  int n = atomic_load(&n_backend_threads), known = 0;
+  for (int i = 0; i < n; i++) known |= pthread_equal(backend_threads[i], pthread_self());
+  if (!known && n < MAX_BACKEND_THREADS) backend_threads[n] = pthread_self(), atomic_store(&n_backend_threads, n + 1);
+  pthread_mutex_unlock(&backend_threads_lock);
+}
+
+static int backend_hook(void *ctx, int site, int64_t arg) {
+  (void)ctx;
+  if (site == KVT_FAULT_DEV_COMPLETE) {
+    note_backend_thread();
+    if (arg == KVT_XFER_D2H && atomic_fetch_sub(&fail_dev_left, 1) > 0) return -EIO;
+  }
+  if (site == KVT_FAULT_IO_COMPLETE) {
+    note_backend_thread();
+    if (atomic_fetch_sub(&fail_io_left, 1) > 0) return -EIO;
+  }
+  return 0;
+}
+
+static void backend_log(void *ctx, int level, const char *msg) {
+  (void)ctx;
+  (void)level;
+  if (!strstr(msg, "device copy error") && !strstr(msg, "disk I/O error")) return;
+  atomic_fetch_add(&lines_logged, 1);
+  pthread_mutex_lock(&backend_threads_lock);
+  for (int i = 0; i < atomic_load(&n_backend_threads); i++)
+    if (pthread_equal(backend_threads[i], pthread_self())) atomic_fetch_add(&lines_on_backend, 1);
+  pthread_mutex_unlock(&backend_threads_lock);
+}
+
+static void completions_are_applied_off_backend_threads(void **state) {
+  kvt_config cfg = disk_config(4, 32, KVT_WRITE_BACK);
+  cfg.log_fn = backend_log;
+  fixture f;
+  fixture_open_cfg(&f, &cfg, 8);
+  kvt_key ka[NB], kb[NB];
+  uint32_t ta[NB * BT], tb[NB * BT];
+  fixture_keys(&f, 0, NB, ka, ta);
+  fixture_keys(&f, 1, NB, kb, tb);
+  atomic_store(&n_backend_threads, 0);
+  atomic_store(&lines_logged, 0);
+  atomic_store(&lines_on_backend, 0);
+  atomic_store(&fail_dev_left, 1);
+  atomic_store(&fail_io_left, 0);
+  kvt__fault_set(backend_hook, NULL);
+  /* A's store to the host fails on the copy worker: A stays on the device. */
+  assert_int_equal(run_request(&f, ka, ta, NB, 0), 0);
+  assert_int_equal(offload(&f, ka, NB), -EIO);
+  assert_int_equal(fixture_lookup(&f, ka, NB).n_device, NB);
+  assert_int_equal(offload(&f, ka, NB), 0); /* now on the host */
+  /* B's store pushes A to disk: its first write fails on the reaper. */
+  atomic_store(&fail_io_left, 1);
+  assert_int_equal(run_request(&f, kb, tb, NB, 1), 0);
+  assert_int_equal(offload(&f, kb, NB), 0);
+  assert_int_equal(kvt_drain(f.c), 0);
+  kvt__fault_set(NULL, NULL);
+  kvt_stats st = fixture_stats(&f);
+  assert_true(st.copy_errors >= 1);
+  assert_int_equal(st.io_errors, 1);
+  fixture_close(&f); /* reports what the rate limit held back */
+  unlink(disk_path);
+  assert_true(atomic_load(&n_backend_threads) >= 2);
+  assert_true(atomic_load(&lines_logged) >= 2);
+  assert_int_equal(atomic_load(&lines_on_backend), 0);
+}
+
 /* Slow disk completions: a request waits (poll says in progress), layers
  * are not ready, commit is refused until the loads land; then exact. */
 static void slow_disk_completions(void **state) {
@@ -1002,6 +1082,7 @@ int main(void) {
       cmocka_unit_test(store_op_delay_never_stalls_device_completions),
       cmocka_unit_test(disk_restore_streams_device_copies),
       cmocka_unit_test(streamed_copy_failure_cuts_the_rest),
+      cmocka_unit_test(completions_are_applied_off_backend_threads),
       cmocka_unit_test(disk_load_copy_failure),
       cmocka_unit_test(corrupt_records_are_counted_misses),
   };
