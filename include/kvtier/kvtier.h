@@ -24,10 +24,10 @@
  *    completion records (job, op, status) to the cache's completion queue;
  *    applying them to the tier map and starting what follows (eviction,
  *    spills, write-through, a restore's next stage) runs on the progress
- *    thread, or inside a call that would otherwise wait for them
- *    (kvt_request_wait, kvt_job_wait, kvt_release, kvt_drain, an acquire
- *    waiting for evictions). Only the progress thread hands I/O to the disk
- *    store, and it never waits for a free queue entry.
+ *    thread, or inside a call that polls or waits for them
+ *    (kvt_request_poll/wait, kvt_job_poll/wait, kvt_release, kvt_drain, an
+ *    acquire waiting for evictions). Only the progress thread hands I/O to
+ *    the disk store, and it never waits for a free queue entry.
  *  - Callbacks: none but the optional log hook (kvt_set_log_handler, or
  *    the config's log_fn).
  *    kvtier never calls into the engine from its threads otherwise;

@@ -429,7 +429,7 @@ static void cq_take(kvt_cache *c, kvt__op **ops, kvt__xchunk **chunks, kvt__job 
 }
 
 void kvt__cq_drain(kvt_cache *c) {
-  if (tl_draining) return; /* the outer step goes round again */
+  if (tl_draining || !atomic_load(&c->cq_n)) return; /* on this thread already: the outer step goes round again */
   tl_draining = 1;
   for (int round = 0; round < 64 && atomic_load(&c->cq_n); round++) {
     kvt__op *ops;

@@ -430,6 +430,7 @@ int kvt_request_wait(kvt_cache *c, kvt_req req, int64_t timeout_ns, uint32_t *n_
   KVT__REQ_CHECK(c);
   struct timespec dl;
   if (timeout_ns > 0) deadline_after(&dl, timeout_ns);
+  kvt__cq_drain(c); /* a poll sees what backends posted, whatever the progress thread is doing */
   pthread_mutex_lock(&c->lock);
   uint32_t r = req_from_handle(c, req);
   int rc = 0;

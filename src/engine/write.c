@@ -113,6 +113,7 @@ int kvt_job_wait(kvt_cache *c, kvt_job job, int64_t timeout_ns) {
       dl.tv_nsec -= 1000000000;
     }
   }
+  kvt__cq_drain(c); /* a poll sees what backends posted, whatever the progress thread is doing */
   pthread_mutex_lock(&c->lock);
   uint32_t h = kvt__job_from_handle(c, job);
   int rc = h == KVT__NONE ? KVT_ENOJOB : 0;
