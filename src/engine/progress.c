@@ -227,6 +227,7 @@ static void queue_chunk(kvt_cache *c, kvt__job *jb);
 /* Loads: moves the landed frontier over leading blocks whose reads are over
  * and good, and streams their device copy once a chunk's worth is there. */
 static void stream_more(kvt_cache *c, kvt__job *jb) {
+  if (jb->status) return; /* a chunk's copy failed: the rest is recomputed anyway */
   while (jb->scan < jb->n_ops && jb->ops[jb->scan].landed && jb->ops[jb->scan].status == 0) jb->scan++;
   /* A chunk: KVT__STREAM_BYTES, and at most a quarter of the restore, so
    * that a small restore streams too. */
@@ -273,14 +274,15 @@ static void load_finish(kvt_cache *c, kvt__job *jb) {
 /* The fetch phase of a load is over: cut at the first failed read, then
  * copy what no chunk has taken yet with the job's own xfer. */
 static void reads_over(kvt_cache *c, kvt__job *jb) {
+  int copy_failed = jb->status != 0; /* set only by a failed chunk so far */
   uint32_t keep = cut_loads_at_first_failure(c, jb);
   jb->phase = 2;
   jb->final_first = jb->copy_next; /* streamed chunks cover leading good reads only: <= keep */
-  if (keep > jb->copy_next) {
+  if (keep > jb->copy_next && !copy_failed) {
     jb->final_out = 1;
     kvt__queue_submit(c, jb->index);
   } else {
-    jb->submitted = 1; /* nothing left to submit: layer waits look at the chunks */
+    jb->submitted = 1; /* nothing (more) to copy: layer waits look at the chunks */
     if (jb->chunks_out == 0) load_finish(c, jb);
   }
 }
@@ -308,6 +310,7 @@ static void apply_chunk(kvt_cache *c, kvt__xchunk *ch) {
   ch->jb = NULL;
   c->xchunk_free[c->n_xchunk_free++] = ch->index;
   jb->chunks_out--;
+  if (ch->status && !jb->status) jb->status = ch->status; /* no more chunks, no last copy */
   if (jb->phase == 2) {
     if (!jb->final_out && jb->chunks_out == 0) load_finish(c, jb);
   } else {
