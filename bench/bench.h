@@ -49,6 +49,10 @@ typedef struct kvt_bench_rows kvt_bench_rows;
 void kvt_bench_row(kvt_bench_rows *rows, const char *name, const char *unit, double value,
                    double limit, double target, const char *note);
 
+/* The same for a figure whose ratio must stay at or below `target`. */
+void kvt_bench_row_max(kvt_bench_rows *rows, const char *name, const char *unit, double value,
+                       double limit, double target, const char *note);
+
 /* Longer detail for the row just added: printed in --json only. */
 void kvt_bench_row_detail(kvt_bench_rows *rows, const char *detail);
 

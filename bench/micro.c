@@ -21,6 +21,7 @@ struct kvt_bench_rows {
   struct {
     char section[32], name[64], unit[16], note[160];
     double value, limit, target;
+    int upper; /* target is an upper bound on the ratio */
     char detail[1024];
   } r[MAX_ROWS];
   const char *section;
@@ -45,7 +46,15 @@ void kvt_bench_row(kvt_bench_rows *rows, const char *name, const char *unit, dou
   rows->r[i].value = value;
   rows->r[i].limit = limit;
   rows->r[i].target = target;
+  rows->r[i].upper = 0;
   rows->r[i].detail[0] = 0;
+}
+
+void kvt_bench_row_max(kvt_bench_rows *rows, const char *name, const char *unit, double value, double limit,
+                       double target, const char *note) {
+  int before = rows->n;
+  kvt_bench_row(rows, name, unit, value, limit, target, note);
+  if (rows->n > before) rows->r[before].upper = 1;
 }
 
 void kvt_bench_row_detail(kvt_bench_rows *rows, const char *detail) {
@@ -75,7 +84,9 @@ static void usage(FILE *f) {
           "  disk   disk spill and fetch+verify vs raw O_DIRECT io_uring on the same file\n"
           "  storage storage mode: put-from / get-into of 2 MiB blocks vs raw O_DIRECT io_uring,\n"
           "         and kvt_exists over 1M resident keys\n"
-          "  metrics acquire+release and host copies with counting on vs compiled out\n\n"
+          "  metrics acquire+release and host copies with counting on vs compiled out\n"
+          "  restore restore_disk: a 10,000-token Llama-3-8B-shaped conversation from disk to the\n"
+          "         device tier vs max(raw io_uring read of its records, memcpy of its pieces)\n\n"
           "  --only SECTION   run one section\n"
           "  --seconds S      target time per measurement, 0 < S <= 60 (0.5)\n"
           "  --quick          smaller sizes (a quick check, less stable figures)\n"
@@ -123,6 +134,10 @@ static const char *missed_reason(const char *section) {
     return "small records pay per-record work (header, checksum, submission) that raw io_uring\n"
            "does not; the cpu-s/GB rows show where the time goes. A shared or throttled disk\n"
            "varies from run to run: compare the raw rounds in the note.";
+  if (!strcmp(section, "restore"))
+    return "a restore reads every record, verifies it, then copies its 64 pieces to the device; the\n"
+           "limit is the slower of the raw read and the copy alone, so it is met only when copies\n"
+           "overlap the reads. The acquire row: kvt_acquire must not wait for any disk read.";
   if (!strcmp(section, "gpu")) return "see kvtier-bench gpu for the per-path figures.";
   if (!strcmp(section, "metrics"))
     return "both builds ran the same calls in alternating rounds; on a loaded machine one round's\n"
@@ -200,8 +215,8 @@ static int micro_main(int argc, char **argv) {
       json_str(stdout, rows.r[i].name);
       printf(",\"unit\":");
       json_str(stdout, rows.r[i].unit);
-      printf(",\"value\":%.6g,\"limit\":%.6g,\"ratio\":%.4f,\"target\":%.3g,\"note\":", rows.r[i].value,
-             rows.r[i].limit, ratio, rows.r[i].target);
+      printf(",\"value\":%.6g,\"limit\":%.6g,\"ratio\":%.4f,\"target\":%.3g,%s\"note\":", rows.r[i].value,
+             rows.r[i].limit, ratio, rows.r[i].target, rows.r[i].upper ? "\"target_is_max\":true," : "");
       json_str(stdout, rows.r[i].note);
       if (rows.r[i].detail[0]) printf(",\"detail\":"), json_str(stdout, rows.r[i].detail);
       printf("}");
@@ -215,10 +230,10 @@ static int micro_main(int argc, char **argv) {
   int n_missed = 0;
   for (int i = 0; i < rows.n; i++) {
     double ratio = rows.r[i].limit > 0 ? rows.r[i].value / rows.r[i].limit : 0;
-    int miss = rows.r[i].target > 0 && ratio < rows.r[i].target;
+    int miss = rows.r[i].target > 0 && (rows.r[i].upper ? ratio > rows.r[i].target : ratio < rows.r[i].target);
     const char *mark = rows.r[i].target > 0 ? (miss ? " MISSED" : " ok") : "";
     char tgt[16] = "-";
-    if (rows.r[i].target > 0) snprintf(tgt, sizeof tgt, ">=%.2g", rows.r[i].target);
+    if (rows.r[i].target > 0) snprintf(tgt, sizeof tgt, "%s%.2g", rows.r[i].upper ? "<=" : ">=", rows.r[i].target);
     printf("%-5s %-44.44s %9.4g %9.4g %-8s %6.3f %6s%s\n", rows.r[i].section, rows.r[i].name, rows.r[i].value,
            rows.r[i].limit, rows.r[i].unit, ratio, tgt, mark);
     if (rows.r[i].note[0]) print_note(rows.r[i].note);

@@ -77,9 +77,67 @@ static void test_acquire_disk_hits_with_full_host_and_device(void **state) {
   kvt_close(c);
 }
 
+/* A finished kvt_store handle the engine has not released yet holds no
+ * job: evictions still demote device-only blocks to the host (where 6 of
+ * 8 slots are free) instead of dropping them, and a restore of host hits
+ * still gets its load. One job slot in all. */
+static void finished_store_handle_blocks_no_internal_work(void **state) {
+  (void)state;
+  kvt_config cfg;
+  kvt_config_init(&cfg);
+  cfg.model_fingerprint = "engine-room-jobs";
+  cfg.device = KVT_DEVICE_HOST;
+  cfg.host_blocks = 8;
+  cfg.max_jobs = 1;
+  kvt_cache *c = NULL;
+  assert_int_equal(kvt_open(&cfg, &c), 0);
+  kvt_layout lay;
+  kvt_layout_init(&lay);
+  lay.num_layers = 1;
+  lay.num_slots = 4;
+  lay.flags = KVT_LAYOUT_METADATA_ONLY;
+  assert_int_equal(kvt_register_layout(c, &lay), 0);
+  uint64_t a_ids[2] = {100, 101}, b_ids[2] = {200, 201};
+  kvt_key a[2], b[2];
+  assert_int_equal(kvt_keys_from_opaque(c, a_ids, sizeof a_ids[0], 2, a), 0);
+  assert_int_equal(kvt_keys_from_opaque(c, b_ids, sizeof b_ids[0], 2, b), 0);
+  assert_true(run(c, 100, 0) >= 0); /* A on device */
+  kvt_job held;
+  assert_int_equal(kvt_store(c, a, 2, 0, &held), 1); /* A also on host; handle kept */
+  assert_int_equal(kvt_job_wait(c, held, -1), 0);
+  assert_true(run(c, 200, 0) >= 0); /* B on device only: the device is full */
+  assert_true(run(c, 300, 0) >= 0); /* C needs two slots: A's copy is dropped, or B's demoted */
+  assert_true(run(c, 400, 0) >= 0); /* D needs two more */
+  assert_int_equal(kvt_drain(c), 0);
+  kvt_lookup_result lr = {.size = sizeof lr};
+  assert_int_equal(kvt_lookup(c, b, 2, &lr, NULL), 0);
+  assert_int_equal(lr.n_prefix, 2); /* B was demoted, not dropped */
+  assert_int_equal(lr.n_host, 2);
+  kvt_stats st = {.size = sizeof st};
+  assert_int_equal(kvt_get_stats(c, &st), 0);
+  assert_int_equal(st.resident_host, 4);
+  /* Restoring A from the host needs a load job: the handle does not hold it. */
+  kvt_req req;
+  uint32_t slots[2];
+  kvt_acquire_info info = {.size = sizeof info};
+  int rc = kvt_acquire(c, a, NULL, 2, 2, 0, 0, &req, slots, &info);
+  if (rc < 0) print_message("kvt_acquire: %s\n", kvt_strerror(rc));
+  assert_int_equal(rc, 1);
+  uint32_t n_ready = 0;
+  assert_int_equal(kvt_request_wait(c, req, -1, &n_ready), 0);
+  assert_int_equal(n_ready, 2);
+  assert_int_equal(info.n_loading, 2);
+  assert_int_equal(kvt_release(c, req), 0);
+  assert_int_equal(kvt_job_poll(c, held), 0); /* the handle still answers */
+  assert_int_equal(kvt_job_release(c, held), 0);
+  assert_int_equal(kvt_job_release(c, held), KVT_ENOJOB);
+  kvt_close(c);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_acquire_disk_hits_with_full_host_and_device),
+      cmocka_unit_test(finished_store_handle_blocks_no_internal_work),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -16,7 +16,18 @@
  *    once. Every call takes the cache's metadata lock only for O(1)/O(n
  *    blocks) bookkeeping, never across a copy or an I/O. Exceptions: kvt_open,
  *    kvt_register_layout and kvt_close must not race other calls on the same
- *    cache. Functions marked "may block" wait for copies or I/O.
+ *    cache. Functions marked "may block" wait for copies or I/O;
+ *    kvt_acquire and kvt_prefetch never wait for disk reads.
+ *    kvtier's own threads (docs/pipeline.md): device copy workers (host
+ *    backend) or CUDA's completion thread, the disk reaper and checksum
+ *    threads, and one progress thread per cache. Backend threads only post
+ *    completion records (job, op, status) to the cache's completion queue;
+ *    applying them to the tier map and starting what follows (eviction,
+ *    spills, write-through, a restore's next stage) runs on the progress
+ *    thread, or inside a call that polls or waits for them
+ *    (kvt_request_poll/wait, kvt_job_poll/wait, kvt_release, kvt_drain, an
+ *    acquire waiting for evictions). Only the progress thread hands I/O to
+ *    the disk store, and it never waits for a free queue entry.
  *  - Callbacks: none but the optional log hook (kvt_set_log_handler, or
  *    the config's log_fn).
  *    kvtier never calls into the engine from its threads otherwise;
@@ -40,8 +51,11 @@
  *    go to stderr unless the config's log_fn, a process-wide handler
  *    (kvt_set_log_handler) or log_level = KVT_LOG_NONE says otherwise.
  *  - Memory: block slots, jobs and requests are allocated at open / layout
- *    registration; lookup, acquire, commit, release and the copy paths do not
- *    allocate.
+ *    registration; lookup, commit, release and the copy paths do not
+ *    allocate. Acquire allocates only when the block references of all live
+ *    requests together pass their previous peak (requests sharing a cached
+ *    prefix each hold references to its slots); a request that fits in the
+ *    free device slots is never refused for lack of reference space.
  */
 #ifndef KVTIER_KVTIER_H
 #define KVTIER_KVTIER_H
@@ -240,7 +254,10 @@ typedef struct kvt_config {
 
   /* Capacities of preallocated bookkeeping. */
   uint32_t max_requests;     /* concurrently acquired requests (1024; at most 2^20) */
-  uint32_t max_jobs;         /* transfers in flight, internal ones included (256) */
+  uint32_t max_jobs;         /* job handles (kvt_store, kvt_prefetch) and request loads
+                              * in flight (256); internal work (demotions, spills,
+                              * write-through) has jobs of its own besides. A finished
+                              * job holds only its handle until kvt_job_release */
   uint32_t max_job_blocks;   /* blocks one transfer may carry (8192) */
 
   /* Appended after the first version (KVT_CONFIG_SIZE_V1). */
@@ -423,7 +440,10 @@ typedef struct kvt_acquire_info {
  * (n_blocks * block_tokens ids, may be NULL) are given, at the first block
  * whose stored tokens or parent differ (counted as a mismatch).
  * slots[n_blocks + extra_slots] receives the slot of every block.
- * May block while evicted blocks are copied down (never with NOWAIT).
+ * May block while evicted blocks are copied down (never with NOWAIT); never
+ * waits for disk reads: blocks restored from disk are read by kvtier's
+ * progress thread, in batches, after the call has returned 1, and their
+ * device copies start chunk by chunk as the reads land.
  * Returns 0 (nothing to load), 1 (loads in flight: kvt_request_wait), or
  * KVT_ENOSPACE when the device tier cannot free enough unpinned slots. */
 KVT_API int kvt_acquire(kvt_cache *c, const kvt_key *keys, const uint32_t *tokens, size_t n_blocks,
@@ -462,7 +482,8 @@ enum {
 KVT_API int kvt_request_block_states(kvt_cache *c, kvt_req req, uint8_t *states, size_t n);
 /* As poll, but waits (timeout_ns < 0: forever; else KVT_ETIMEDOUT). May block. */
 KVT_API int kvt_request_wait(kvt_cache *c, kvt_req req, int64_t timeout_ns, uint32_t *n_ready);
-/* 0 when layer `layer` of every loading block has landed, 1 if not yet. */
+/* 0 when layer `layer` of every loading block has landed, 1 if not yet.
+ * The backend is queried outside the metadata lock. Never blocks. */
 KVT_API int kvt_request_layer_ready(kvt_cache *c, kvt_req req, uint32_t layer);
 /* Orders the engine's work after layer `layer` has landed: with CUDA,
  * `stream` (a cudaStream_t) waits on the layer's event and the CPU does not
@@ -758,9 +779,15 @@ enum { KVT_METRICS_PROMETHEUS = 0, KVT_METRICS_JSON = 1 };
 KVT_API int kvt_metrics_write(kvt_cache *c, int format, char *buf, size_t *len);
 
 /* Tier-map memory per block of capacity (device + host + disk slots),
- * allocated at registration: an 80-byte entry, 16 to 32 bytes of index
- * (load factor 1/4..1/2), 4 bytes of free-slot stack. Upper bound. */
-#define KVT_MAP_BYTES_PER_BLOCK 116
+ * allocated at registration: an 80-byte entry, 16 bytes of index (load
+ * factor 1/2) and 4 bytes of free-slot stack; kvtier-bench micro measures
+ * it. Besides, per cache: a real (not metadata-only) layout keeps the token
+ * ids of each device slot (block_tokens x 4 + 1 bytes per device slot);
+ * jobs take max_job_blocks x 60 bytes each ((max_jobs + 2) of them);
+ * requests and their block references (32 bytes each, allocated when live
+ * references pass their previous peak) take the rest. kvt_stats's
+ * metadata_bytes counts all of it. */
+#define KVT_MAP_BYTES_PER_BLOCK 100
 
 /* ------------------------------------------------------------------ */
 /* Objects: an engine's opaque state, of any size, keyed by prefix     */

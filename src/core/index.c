@@ -6,15 +6,21 @@
 
 #include "core/hash.h"
 
-_Static_assert(sizeof(kvt__entry) == 80, "KVT_MAP_BYTES_PER_BLOCK in kvtier.h assumes 80-byte entries");
+/* Per block of capacity: the entry, two table words, a free-slot stack word. */
+_Static_assert(sizeof(kvt__entry) + 2 * sizeof(uint64_t) + sizeof(uint32_t) == KVT_MAP_BYTES_PER_BLOCK,
+               "KVT_MAP_BYTES_PER_BLOCK in kvtier.h is the tier map's bytes per block");
 
-static inline uint32_t tag_of(const kvt_key *k) { return (uint32_t)(k->hi >> 32) | 1u; }
+/* Home word of a key from the top 32 bits of key.lo (kept in its word). */
+static inline uint32_t home_of(const kvt__index *ix, uint64_t lo) {
+  return (uint32_t)(((lo >> 32) * (uint64_t)ix->size) >> 32);
+}
+static inline uint32_t step(const kvt__index *ix, uint32_t h) { return h + 1 == ix->size ? 0 : h + 1; }
 
 int kvt__index_init(kvt__index *ix, uint32_t capacity) {
   memset(ix, 0, sizeof *ix);
   if (capacity == 0 || capacity > (1u << 30)) return -EINVAL;
-  uint64_t tsize = 16;
-  while (tsize < (uint64_t)capacity * 2) tsize <<= 1; /* load factor <= 0.5 */
+  uint64_t tsize = (uint64_t)capacity * 2; /* load factor <= 0.5 */
+  if (tsize < 16) tsize = 16;
   ix->entries = calloc(capacity, sizeof *ix->entries);
   ix->table = calloc(tsize, sizeof *ix->table);
   if (!ix->entries || !ix->table) {
@@ -22,7 +28,10 @@ int kvt__index_init(kvt__index *ix, uint32_t capacity) {
     return -ENOMEM;
   }
   ix->capacity = capacity;
-  ix->mask = (uint32_t)(tsize - 1);
+  ix->size = (uint32_t)tsize;
+  uint32_t bits = 1;
+  while (((uint64_t)1 << bits) <= capacity) bits++; /* entry + 1 <= capacity fits */
+  ix->idx_mask = ((uint64_t)1 << bits) - 1;
   for (uint32_t i = 0; i < capacity; i++) ix->entries[i].next[0] = i + 1 < capacity ? i + 1 : KVT__NONE;
   ix->free_head = 0;
   for (int t = 0; t < KVT__NTIERS; t++) ix->lru[t].head = ix->lru[t].tail = KVT__NONE;
@@ -36,23 +45,23 @@ void kvt__index_free(kvt__index *ix) {
 }
 
 size_t kvt__index_bytes(const kvt__index *ix) {
-  return (size_t)ix->capacity * sizeof(kvt__entry) + ((size_t)ix->mask + 1) * sizeof(uint64_t);
+  return (size_t)ix->capacity * sizeof(kvt__entry) + (size_t)ix->size * sizeof(uint64_t);
 }
 
 uint32_t kvt__index_find(const kvt__index *ix, const kvt_key *key) {
-  uint32_t tag = tag_of(key);
-  for (uint32_t h = (uint32_t)key->lo & ix->mask;; h = (h + 1) & ix->mask) {
+  uint64_t tag = key->lo & ~ix->idx_mask;
+  for (uint32_t h = home_of(ix, key->lo);; h = step(ix, h)) {
     uint64_t w = ix->table[h];
     if (!w) return KVT__NONE;
-    if ((uint32_t)(w >> 32) == tag) {
-      uint32_t e = (uint32_t)w - 1;
-      if (kvt__key_eq(&ix->entries[e].key, key)) return e;
+    if ((w & ~ix->idx_mask) == tag) {
+      uint32_t e = (uint32_t)(w & ix->idx_mask) - 1;
+      if (ix->entries[e].key.hi == key->hi && ix->entries[e].key.lo == key->lo) return e;
     }
   }
 }
 
 void kvt__index_prefetch(const kvt__index *ix, const kvt_key *keys, size_t n) {
-  for (size_t i = 0; i < n; i++) __builtin_prefetch(&ix->table[(uint32_t)keys[i].lo & ix->mask]);
+  for (size_t i = 0; i < n; i++) __builtin_prefetch(&ix->table[home_of(ix, keys[i].lo)]);
 }
 
 uint32_t kvt__index_insert(kvt__index *ix, const kvt_key *key, const kvt_key *parent) {
@@ -64,21 +73,20 @@ uint32_t kvt__index_insert(kvt__index *ix, const kvt_key *key, const kvt_key *pa
   en->key = *key;
   en->parent = *parent;
   for (int t = 0; t < KVT__NTIERS; t++) en->slot[t] = en->prev[t] = en->next[t] = KVT__NONE;
-  uint32_t h = (uint32_t)key->lo & ix->mask;
-  while (ix->table[h]) h = (h + 1) & ix->mask;
-  ix->table[h] = ((uint64_t)tag_of(key) << 32) | (e + 1);
+  uint32_t h = home_of(ix, key->lo);
+  while (ix->table[h]) h = step(ix, h);
+  ix->table[h] = (key->lo & ~ix->idx_mask) | (e + 1);
   ix->used++;
   return e;
 }
 
 /* Backward-shift deletion keeps probe chains intact without tombstones. */
 static void table_delete(kvt__index *ix, uint32_t e) {
-  const kvt_key *key = &ix->entries[e].key;
-  uint32_t h = (uint32_t)key->lo & ix->mask;
-  while ((uint32_t)ix->table[h] != e + 1) h = (h + 1) & ix->mask;
+  uint32_t h = home_of(ix, ix->entries[e].key.lo);
+  while ((ix->table[h] & ix->idx_mask) != (uint64_t)e + 1) h = step(ix, h);
   uint32_t hole = h;
-  for (uint32_t j = (hole + 1) & ix->mask; ix->table[j]; j = (j + 1) & ix->mask) {
-    uint32_t home = (uint32_t)ix->entries[(uint32_t)ix->table[j] - 1].key.lo & ix->mask;
+  for (uint32_t j = step(ix, hole); ix->table[j]; j = step(ix, j)) {
+    uint32_t home = home_of(ix, ix->table[j]); /* the word keeps key.lo's top bits */
     /* Move j into the hole unless its home lies cyclically in (hole, j]. */
     int stays = hole <= j ? (home > hole && home <= j) : (home > hole || home <= j);
     if (!stays) {

@@ -2,8 +2,10 @@
  *
  * Pure data structure: no locks, no I/O, no allocation after init (the
  * engine guards it with its metadata lock). Entries live in one slab; the
- * index is open addressing with linear probing over (tag, entry) words, so
- * a miss usually costs one cache line and no entry dereference.
+ * index is open addressing with linear probing over words that hold the
+ * entry and the key's first 64 bits above it, so neither a miss nor a
+ * deletion's shifting reads an entry: a probe compares 43+ key bits (at
+ * 1M capacity) in the table word and reads the entry only on a match.
  *
  * LRU rule (SQLite pcache style): an entry is on tier t's LRU list iff it
  * is VALID in t and pins[t] == 0. "Pinned means not on the LRU list." The
@@ -38,8 +40,9 @@ typedef struct kvt__lru {
 
 typedef struct kvt__index {
   kvt__entry *entries;
-  uint64_t *table; /* 0 = empty, else (tag << 32) | (entry + 1) */
-  uint32_t capacity, used, mask, free_head;
+  uint64_t *table; /* 0 = empty, else (key.lo & ~idx_mask) | (entry + 1) */
+  uint64_t idx_mask; /* low bits of a word that hold entry + 1 */
+  uint32_t capacity, used, size, free_head; /* size: table words, 2 per entry */
   kvt__lru lru[KVT__NTIERS];
 } kvt__index;
 

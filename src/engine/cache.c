@@ -251,23 +251,23 @@ static int alloc_tables(kvt_cache *c) {
   for (int t = 0; rc == 0 && t < KVT__NTIERS; t++) rc = kvt__slots_init(&c->slots[t], (uint32_t)c->cap[t]);
   if (rc) return rc;
   uint32_t n = c->layout.num_slots, m = c->cfg.max_job_blocks;
-  c->dev_tokens = calloc((size_t)n * c->bt, sizeof *c->dev_tokens);
-  c->dev_has_tokens = calloc(n, 1);
+  if (!c->metadata_only) { /* token ids of device copies, for verification */
+    c->dev_tokens = calloc((size_t)n * c->bt, sizeof *c->dev_tokens);
+    c->dev_has_tokens = calloc(n, 1);
+    if (!c->dev_tokens || !c->dev_has_tokens) return -ENOMEM;
+  }
   c->reqs = calloc(c->cfg.max_requests, sizeof *c->reqs);
   c->req_free = calloc(c->cfg.max_requests, sizeof *c->req_free);
-  c->refs_cap = 2 * n + 64;
-  c->refs = calloc(c->refs_cap, sizeof *c->refs);
-  c->ref_used = calloc(c->refs_cap, 1);
   c->scratch_tiers = calloc(m, 1);
   c->scratch_entries = calloc(m, sizeof *c->scratch_entries);
-  if (!c->dev_tokens || !c->dev_has_tokens || !c->reqs || !c->req_free || !c->refs || !c->ref_used ||
-      !c->scratch_tiers || !c->scratch_entries)
+  if (!c->reqs || !c->req_free || !c->scratch_tiers || !c->scratch_entries)
     return -ENOMEM;
   for (uint32_t i = 0; i < c->cfg.max_requests; i++) {
     c->req_free[c->n_req_free++] = c->cfg.max_requests - 1 - i;
     c->reqs[i].gen = c->salt + i * 0x9e3779b9u;
   }
-  return kvt__jobs_init(c);
+  int rc2 = kvt__refs_init(c);
+  return rc2 ? rc2 : kvt__jobs_init(c);
 }
 
 typedef struct recovery {
@@ -378,8 +378,10 @@ int kvt_register_layout(kvt_cache *c, const kvt_layout *user) {
   if (rc == 0 && !c->metadata_only) rc = open_device(c);
   if (rc < 0 && !c->detail[0]) set_detail(c, "device backend: %s", kvt_strerror(rc));
   if (rc == 0) rc = alloc_tables(c);
-  for (uint32_t j = 0; rc == 0 && !c->metadata_only && j < c->cfg.max_jobs; j++)
+  for (uint32_t j = 0; rc == 0 && !c->metadata_only && j < c->n_jobs; j++)
     rc = kvt__dev_xfer_prepare(&c->dev, &c->jobs[j].xfer);
+  for (uint32_t k = 0; rc == 0 && !c->metadata_only && k < c->n_xchunks; k++)
+    rc = kvt__dev_xfer_prepare(&c->dev, &c->xchunks[k].xfer);
   kvt__log_scope(&c->log); /* the host pool, disk store and I/O backends log as this cache */
   if (rc == 0 && !c->metadata_only)
     rc = kvt__host_pool_init(&c->host, &c->dev, c->cap[KVT__T_HOST], c->record_bytes, c->cfg.host_mlock);
@@ -392,6 +394,12 @@ int kvt_register_layout(kvt_cache *c, const kvt_layout *user) {
     c->register_failed = 1; /* kvt_close frees what was set up */
     return rc;
   }
+  rc = kvt__progress_start(c);
+  if (rc < 0) {
+    set_detail(c, "progress thread: %s", kvt_strerror(rc));
+    c->register_failed = 1;
+    return rc;
+  }
   c->st.host_pool_pinned = (uint32_t)c->host.pinned;
   c->layout_ready = 1;
   return 0;
@@ -402,7 +410,7 @@ int kvt_drain(kvt_cache *c) {
   if (kvt__forked(c)) return KVT_EFORKED;
   kvt__flush_submits(c);
   pthread_mutex_lock(&c->lock);
-  while (c->inflight || c->submitting) pthread_cond_wait(&c->cond, &c->lock);
+  while (c->inflight || c->submitting) kvt__wait(c, NULL);
   pthread_mutex_unlock(&c->lock);
   return 0;
 }
@@ -415,6 +423,7 @@ void kvt_close(kvt_cache *c) {
   if (kvt__forked(c)) return;
   if (c->jobs) kvt_drain(c);
   kvt__storage_fini(c); /* waits for storage jobs in flight */
+  kvt__progress_stop(c);
   kvt__events_flush_final(c);
   if (c->disk) kvt__disk_close(c->disk);
   kvt__jobs_fini(c);
@@ -426,8 +435,7 @@ void kvt_close(kvt_cache *c) {
   free(c->dev_has_tokens);
   free(c->reqs);
   free(c->req_free);
-  free(c->refs);
-  free(c->ref_used);
+  kvt__refs_fini(c);
   free(c->scratch_tiers);
   free(c->scratch_entries);
   free(c->segments);
@@ -481,6 +489,20 @@ int kvt_keys_from_opaque(const kvt_cache *c, const void *opaque, size_t key_byte
   return 0;
 }
 
+/* Everything allocated for bookkeeping (lock held): the tier map and its
+ * free-slot stacks, device-slot tokens, jobs, handles, requests and their refs. */
+static size_t metadata_bytes(const kvt_cache *c) {
+  size_t b = kvt__index_bytes(&c->map), m = c->cfg.max_job_blocks;
+  for (int t = 0; t < KVT__NTIERS; t++) b += (size_t)c->slots[t].capacity * sizeof(uint32_t);
+  if (c->dev_tokens) b += (size_t)c->cap[KVT__T_DEV] * (c->bt * sizeof(uint32_t) + 1);
+  b += (size_t)c->n_jobs * (sizeof(kvt__job) + (c->progq ? 5 : 2) * sizeof(uint32_t) +
+                            m * (sizeof(kvt__op) + sizeof(uint32_t) + sizeof(void *)));
+  b += (size_t)c->n_xchunks * (sizeof(kvt__xchunk) + 2 * sizeof(uint32_t)); /* streamed copies */
+  b += (size_t)c->cfg.max_jobs * (sizeof(kvt__handle) + sizeof(uint32_t));
+  b += (size_t)c->cfg.max_requests * (sizeof(kvt__request) + sizeof(uint32_t)) + kvt__refs_bytes(c);
+  return b + m * (1 + sizeof(uint32_t)); /* planner and commit scratch */
+}
+
 int kvt_get_stats(kvt_cache *c, kvt_stats *out) {
   if (!c || !out) return -EINVAL;
   if (kvt__forked(c)) return KVT_EFORKED;
@@ -491,11 +513,7 @@ int kvt_get_stats(kvt_cache *c, kvt_stats *out) {
   st.resident_device = c->cap[0] - c->slots[0].n_free;
   st.resident_host = c->cap[1] - c->slots[1].n_free;
   st.resident_disk = c->cap[2] - c->slots[2].n_free;
-  st.metadata_bytes = kvt__index_bytes(&c->map) + (size_t)c->cfg.max_jobs * c->cfg.max_job_blocks *
-                      (sizeof(kvt__op) + sizeof(uint32_t) + sizeof(void *)) +
-                      (size_t)c->refs_cap * (sizeof(kvt__ref) + 1) +
-                      (size_t)c->cfg.max_requests * (sizeof(kvt__request) + sizeof(uint32_t)) +
-                      (size_t)c->cfg.max_jobs * (sizeof(kvt__job) + 2 * sizeof(uint32_t));
+  st.metadata_bytes = metadata_bytes(c);
   pthread_mutex_unlock(&c->lock);
   st.size = sizeof st;
   return kvt__struct_out(out, &st, sizeof st, KVT_STATS_SIZE_V1);

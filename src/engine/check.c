@@ -35,8 +35,9 @@ static int check_tier(kvt_cache *c, int t, uint8_t *owner, char *msg, size_t len
   if (t == KVT__T_DEV)
     for (uint32_t r = 0; r < c->cfg.max_requests; r++) {
       const kvt__request *rq = &c->reqs[r];
-      for (uint32_t i = 0; rq->busy && i < rq->n_blocks + rq->n_extra; i++) {
-        const kvt__ref *ref = &c->refs[rq->ref0 + i];
+      uint32_t id = rq->busy ? kvt__req_ref0(rq) : KVT__NONE;
+      for (uint32_t i = 0; rq->busy && i < rq->n_blocks + rq->n_extra; i++, id = kvt__ref_next(c, id)) {
+        const kvt__ref *ref = kvt__ref_at(c, id);
         if (ref->entry != KVT__NONE) continue;
         if (ref->slot >= cap || owner[ref->slot]) return fail(msg, len, "private slot shared", r, ref->slot);
         owner[ref->slot] = 3;

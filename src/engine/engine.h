@@ -8,6 +8,8 @@
 #define KVT_ENGINE_ENGINE_H
 
 #include <pthread.h>
+#include <stdatomic.h>
+#include <time.h>
 
 #include "core/calib.h"
 #include "core/index.h"
@@ -34,11 +36,13 @@ struct kvt__job;
 
 typedef struct kvt__op {
   struct kvt__job *jb;
+  struct kvt__op *cq_next; /* the completion queue's link while posted */
   uint32_t entry;
   uint32_t slot[KVT__NTIERS]; /* slots involved, per tier (KVT__NONE if not) */
   uint32_t ref;       /* request ref index (loads), else KVT__NONE */
   int status;
   uint8_t from_disk;  /* request loads: fetched from disk before the load */
+  uint8_t landed;     /* request loads: on the host (read over, or a host hit); status says how */
   uint64_t tok_sum;   /* XXH3_64 of the request's tokens, 0 = unknown (fetch verify) */
 } kvt__op;
 
@@ -53,13 +57,52 @@ typedef struct kvt__job {
   uint32_t n_ops, n_fetch; /* LOAD_AFTER: n_fetch of the ops are fetched first */
   uint32_t pending;        /* outstanding disk ops of the current phase */
   uint32_t req;            /* owning request, or KVT__NONE */
+  uint32_t handle;         /* the engine's handle (KVT__JF_USER), or KVT__NONE */
   int64_t t_start;
   uint64_t bytes;
   kvt__op *ops;
-  uint32_t *dev_slots;     /* xfer arrays, max_job_blocks each */
+  uint32_t *dev_slots;     /* xfer arrays, max_job_blocks each (shared by the job's xfers, by op index) */
   void **host_blocks;
-  kvt_dev_xfer xfer;
+  kvt_dev_xfer xfer;       /* the job's own device copy: ops [final_first, n_ops) */
+  /* Disk phase, handed to the store without waiting for free ops: resumed
+   * from disk_next when completions free some (the progress thread). */
+  uint8_t disk_started;
+  uint32_t disk_next, disk_sent, disk_total;
+  /* Streamed restores: ops [0, copy_next) have their device copy submitted
+   * in chunks (kvt__xchunk) while later reads are in flight; ops
+   * [copy_next, scan) have landed; the job's own xfer copies the rest. */
+  uint32_t copy_next, scan, chunks_out, final_first;
+  uint8_t final_out;       /* the job's own xfer is queued or in flight */
+  int xfer_status;         /* its completion, as posted */
+  struct kvt__job *cq_next;
 } kvt__job;
+
+/* A streamed piece of a restore's device copy: leading blocks of a load
+ * whose reads have landed, copied while the rest are still being read. A
+ * pool per cache, prepared at layout registration. */
+typedef struct kvt__xchunk {
+  kvt_dev_xfer xfer;
+  kvt__job *jb;
+  uint32_t first, n, index;
+  int status;
+  struct kvt__xchunk *cq_next;
+} kvt__xchunk;
+#define KVT__STREAM_XFERS 32u
+/* A chunk is submitted once this many bytes of leading blocks have landed. */
+#define KVT__STREAM_BYTES ((size_t)16 << 20)
+
+/* An engine's job handle: outlives its job, which goes back to the pool
+ * as soon as it finishes (a finished, unreleased handle holds no job). */
+typedef struct kvt__handle {
+  uint32_t gen;
+  uint32_t job; /* while running, else KVT__NONE */
+  int status;
+  uint8_t busy, done;
+} kvt__handle;
+
+/* Jobs kept for internal work (demotions, spills, write-through): engine
+ * handles and request loads never take the last ones. */
+#define KVT__JOBS_RESERVED 2u
 
 typedef struct kvt__ref {
   kvt_key key;
@@ -69,12 +112,22 @@ typedef struct kvt__ref {
   uint8_t failed; /* its load failed (kvt_request_block_states) */
 } kvt__ref;
 
+/* Refs come in chunks (refs.c); a ref id is chunk * KVT__REF_CHUNK + offset. */
+#define KVT__REF_CHUNK 32u
+#define KVT__SLAB_SHIFT 6u
+#define KVT__SLAB_CHUNKS (1u << KVT__SLAB_SHIFT)
+
+typedef struct kvt__ref_chunk {
+  kvt__ref r[KVT__REF_CHUNK];
+  uint32_t next, prev; /* the request's chunk list, or the free list (next) */
+} kvt__ref_chunk;
+
 typedef struct kvt__request {
   uint32_t gen;
   uint8_t busy;
   uint32_t n_blocks, n_extra, n_restore, n_committed;
   uint32_t job;   /* load job in flight, or KVT__NONE */
-  uint32_t ref0;  /* first ref in c->refs (a contiguous run) */
+  uint32_t chunk0, chunk_last; /* the request's ref chunks, first and last */
   kvt_key parent; /* key before block 0: the namespace, or kvt_acquire_after's parent */
 } kvt__request;
 
@@ -108,17 +161,42 @@ struct kvt_cache {
 
   kvt__job *jobs;
   uint32_t *job_free;
-  uint32_t n_job_free, inflight;
+  uint32_t n_jobs, n_job_free, inflight; /* n_jobs = max_jobs + KVT__JOBS_RESERVED */
+  kvt__handle *handles;    /* max_jobs engine handles */
+  uint32_t *handle_free;
+  uint32_t n_handle_free;
   uint32_t submitting;     /* library threads inside a submission (kvt_drain waits for them) */
   uint32_t *submitq;       /* jobs started under the lock, submitted after it */
   uint32_t n_submitq;
+  /* Completions as data: backends post finished disk ops, device copies and
+   * streamed chunks here (cq_lock only); a progress step (the progress
+   * thread, or an API call that would otherwise wait) applies them under
+   * c->lock and starts what follows. Lock order: c->lock, then cq_lock. */
+  pthread_mutex_t cq_lock;
+  pthread_cond_t cq_cond;  /* the progress thread sleeps on it */
+  int cq_ready;
+  kvt__op *cq_ops;         /* newest first */
+  kvt__xchunk *cq_chunks;
+  kvt__job *cq_jobs;
+  _Atomic uint32_t cq_n;       /* posted, not yet taken */
+  _Atomic uint32_t cq_waiters; /* API threads in kvt__wait (posters wake them) */
+  /* The progress thread: the only one that hands disk ops to the store (it
+   * never waits for a free op: a full queue parks the job in diskwait). */
+  pthread_t progress_thread;
+  int progress_running, progress_stop; /* progress_stop: under cq_lock */
+  uint32_t *progq, progq_head, n_progq; /* ring of n_jobs job indices, under cq_lock */
+  uint32_t *progq_take, *diskwait, n_diskwait; /* the progress thread's own */
+  kvt__xchunk *xchunks;    /* streamed copies: pool, free stack, queue to submit (c->lock) */
+  uint32_t *xchunk_free, n_xchunk_free, n_xchunks;
+  uint32_t *chunkq, n_chunkq;
+  uint32_t stream_blocks;  /* blocks per streamed chunk (KVT__STREAM_BYTES) */
 
   kvt__request *reqs;
   uint32_t *req_free;
   uint32_t n_req_free;
-  kvt__ref *refs;          /* ref arena: requests take contiguous runs */
-  uint32_t refs_cap;
-  uint8_t *ref_used;       /* per ref: 1 in use (first-fit over runs) */
+  kvt__ref_chunk **ref_slabs; /* request refs: slabs of KVT__SLAB_CHUNKS chunks */
+  uint32_t n_ref_slabs, ref_slabs_cap;
+  uint32_t chunk_free, n_chunk_free; /* free chunk list */
   uint8_t *scratch_tiers;  /* planner scratch, max_job_blocks */
   uint32_t *scratch_entries; /* commit scratch, max_job_blocks */
 
@@ -134,27 +212,68 @@ struct kvt_cache {
   char detail[256];    /* kvt_error_detail: why kvt_register_layout failed */
 };
 
-/* jobs.c */
+/* jobs.c: the pool, handles, submission to the backends, posting. */
+/* A job from the pool, or KVT__NONE. Engine jobs (KVT__JF_USER, which also
+ * takes a handle) and request loads leave KVT__JOBS_RESERVED for internal work. */
 uint32_t kvt__job_new(kvt_cache *c, int kind, uint32_t flags);
+int kvt__job_available(const kvt_cache *c, int kind, uint32_t flags);
 void kvt__job_free(kvt_cache *c, uint32_t j);
 /* Appends to job j a copy of entry e from tier `from` (pinned there as the
  * source) into slot dst of tier `to` (marked FILLING). Lock held. */
 kvt__op *kvt__job_add_copy(kvt_cache *c, uint32_t j, uint32_t e, int from, int to, uint32_t dst);
 kvt_job kvt__job_handle(const kvt_cache *c, uint32_t j);
+/* The handle slot of h, or KVT__NONE. */
 uint32_t kvt__job_from_handle(const kvt_cache *c, kvt_job h);
-void kvt__job_submit(kvt_cache *c, uint32_t j); /* lock NOT held */
+/* Forgets handle slot h: a job still running completes on its own. */
+void kvt__handle_release(kvt_cache *c, uint32_t h);
+/* Backend-facing submission (lock NOT held), used by progress.c: */
+void kvt__job_copy(kvt_cache *c, kvt__job *jb);        /* its device copy */
+int kvt__job_disk_phase(const kvt__job *jb);
+void kvt__job_disk_start(kvt_cache *c, kvt__job *jb);  /* counts its disk ops */
+int kvt__job_disk_ops(kvt_cache *c, kvt__job *jb);     /* 1: all handed over; 0: queue full */
+void kvt__chunk_submit(kvt_cache *c, kvt__xchunk *ch);
+void kvt__fill_record_identity(kvt_cache *c, uint32_t e, uint32_t dev_slot, uint32_t host_slot);
+/* progress.c: submits a job's current phase (disk I/O via the progress
+ * thread). Lock NOT held. */
+void kvt__job_submit(kvt_cache *c, uint32_t j);
 /* With the lock held: submit j once the lock is dropped (kvt__flush_submits). */
 void kvt__queue_submit(kvt_cache *c, uint32_t j);
 void kvt__flush_submits(kvt_cache *c);           /* lock NOT held */
+/* The progress thread (a disk tier with real bytes): started at layout
+ * registration, stopped by kvt_close after the drain. */
+int kvt__progress_start(kvt_cache *c);
+void kvt__progress_stop(kvt_cache *c);
+/* With the lock held: the progress thread submits j (its next phase). */
+void kvt__progress_submit(kvt_cache *c, uint32_t j);
+/* Applies posted completions and submits what they start (lock NOT held).
+ * A no-op on a thread already inside it. */
+void kvt__cq_drain(kvt_cache *c);
+/* In place of pthread_cond_wait(&c->cond) (lock held): applies posted
+ * completions itself if there are any (then returns 0 at once), else waits,
+ * until dl when non-NULL (ETIMEDOUT). Callers re-check their condition. */
+int kvt__wait(kvt_cache *c, const struct timespec *dl);
 int kvt__jobs_init(kvt_cache *c);
 void kvt__jobs_fini(kvt_cache *c);
 
-/* evict.c: called with c->lock held. */
-int kvt__make_room(kvt_cache *c, int tier, uint32_t need, int may_wait);
+/* refs.c: request references, c->lock held. */
+int kvt__refs_init(kvt_cache *c);
+void kvt__refs_fini(kvt_cache *c);
+size_t kvt__refs_bytes(const kvt_cache *c);
+/* Chunks for n refs (grows the pool if it must): 0 or -ENOMEM. */
+int kvt__refs_alloc(kvt_cache *c, uint32_t n, uint32_t *first_chunk, uint32_t *last_chunk);
+void kvt__refs_free(kvt_cache *c, uint32_t first_chunk, uint32_t last_chunk, uint32_t n);
+/* Id of ref i of the list starting at first_chunk: O(i / KVT__REF_CHUNK). */
+uint32_t kvt__ref_id(const kvt_cache *c, uint32_t first_chunk, uint32_t i);
+
+/* evict.c: called with c->lock held; never waits. */
+int kvt__room_step(kvt_cache *c, int tier, uint32_t need);
 void kvt__drop_tier(kvt_cache *c, uint32_t e, int tier);
 void kvt__maybe_remove(kvt_cache *c, uint32_t e);
 uint32_t kvt__start_store(kvt_cache *c, const uint32_t *entries, uint32_t n, uint32_t flags);
-void kvt__fill_record_identity(kvt_cache *c, uint32_t e, uint32_t dev_slot, uint32_t host_slot);
+
+/* progress.c: room in a tier (lock held); may_wait: waits for demotions,
+ * applying completions itself. 0, KVT_EAGAIN (!may_wait), KVT_ENOSPACE. */
+int kvt__make_room(kvt_cache *c, int tier, uint32_t need, int may_wait);
 
 /* storage.c: storage mode (KVT_LAYOUT_STORAGE). */
 int kvt__storage_layout_ok(kvt_cache *c, const kvt_layout *l);
@@ -168,6 +287,25 @@ int kvt__check_invariants(kvt_cache *c, char *msg, size_t len);
 static inline int kvt__forked(const kvt_cache *c) { return c->fork_gen != kvt__fork_gen(); }
 
 static inline kvt__entry *kvt__E(kvt_cache *c, uint32_t e) { return &c->map.entries[e]; }
+static inline kvt__ref_chunk *kvt__chunk(const kvt_cache *c, uint32_t ch) {
+  return &c->ref_slabs[ch >> KVT__SLAB_SHIFT][ch & (KVT__SLAB_CHUNKS - 1)];
+}
+static inline kvt__ref *kvt__ref_at(const kvt_cache *c, uint32_t id) {
+  return &kvt__chunk(c, id / KVT__REF_CHUNK)->r[id % KVT__REF_CHUNK];
+}
+/* The ref after / before id in its request (KVT__NONE past either end). */
+static inline uint32_t kvt__ref_next(const kvt_cache *c, uint32_t id) {
+  if (id % KVT__REF_CHUNK != KVT__REF_CHUNK - 1) return id + 1;
+  uint32_t ch = kvt__chunk(c, id / KVT__REF_CHUNK)->next;
+  return ch == KVT__NONE ? KVT__NONE : ch * KVT__REF_CHUNK;
+}
+static inline uint32_t kvt__ref_prev(const kvt_cache *c, uint32_t id) {
+  if (id % KVT__REF_CHUNK) return id - 1;
+  uint32_t ch = kvt__chunk(c, id / KVT__REF_CHUNK)->prev;
+  return ch == KVT__NONE ? KVT__NONE : ch * KVT__REF_CHUNK + KVT__REF_CHUNK - 1;
+}
+static inline uint32_t kvt__req_ref0(const kvt__request *rq) { return rq->chunk0 * KVT__REF_CHUNK; }
+
 static inline int kvt__has_tier(const kvt_cache *c, int t) { return c->cap[t] > 0; }
 
 #endif

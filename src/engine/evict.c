@@ -3,12 +3,12 @@
  * disk victims are dropped. Pinned blocks are not on the LRU lists, so they
  * are never chosen. Tail-first order within a chain comes from how blocks
  * are touched: a request touches its blocks from the last to the first, so
- * a parent is always more recent than its children. All with c->lock held. */
+ * a parent is always more recent than its children. All with c->lock held;
+ * nothing here waits (progress.c's kvt__make_room does). Calls jobs.c only. */
 #include <errno.h>
 #include <string.h>
 
 #include "engine/engine.h"
-#include "store/record.h"
 
 void kvt__drop_tier(kvt_cache *c, uint32_t e, int tier) {
   uint32_t slot = kvt__E(c, e)->slot[tier];
@@ -96,49 +96,24 @@ static int evict_some(kvt_cache *c, int tier, uint32_t want, int drop_only) {
   return freed;
 }
 
-int kvt__make_room(kvt_cache *c, int tier, uint32_t need, int may_wait) {
+/* One step of making room for `need` blocks in `tier`, never waiting:
+ * 0 (room now), KVT_EAGAIN (demotions under way will free the rest: wait
+ * for their completions, progress.c's kvt__make_room), KVT_ENOSPACE. */
+int kvt__room_step(kvt_cache *c, int tier, uint32_t need) {
   if (need > c->cap[tier]) return KVT_ENOSPACE;
-  for (;;) {
-    uint32_t have = c->slots[tier].n_free;
-    if (have >= need) return 0;
-    uint32_t coming = c->freeing[tier];
-    if (have + coming < need) evict_some(c, tier, need - have - coming, 0);
-    if (c->slots[tier].n_free >= need) return 0;
-    if (c->inflight == 0) {
-      /* No copy in flight can free a slot, and the tier below has no room
-       * for more copies (its slots are pinned or staged): drop victims
-       * rather than fail the request. Pinned blocks are never dropped. */
-      evict_some(c, tier, need - c->slots[tier].n_free, 1);
-      return c->slots[tier].n_free >= need ? 0 : KVT_ENOSPACE;
-    }
-    if (!may_wait) return KVT_EAGAIN;
-    if (c->n_submitq) {
-      /* Our demotions must be under way before we wait for them. */
-      pthread_mutex_unlock(&c->lock);
-      kvt__flush_submits(c);
-      pthread_mutex_lock(&c->lock);
-      continue;
-    }
-    pthread_cond_wait(&c->cond, &c->lock);
+  uint32_t have = c->slots[tier].n_free;
+  if (have >= need) return 0;
+  uint32_t coming = c->freeing[tier];
+  if (have + coming < need) evict_some(c, tier, need - have - coming, 0);
+  if (c->slots[tier].n_free >= need) return 0;
+  if (c->inflight == 0) {
+    /* No copy in flight can free a slot, and the tier below has no room
+     * for more copies (its slots are pinned or staged): drop victims
+     * rather than fail the request. Pinned blocks are never dropped. */
+    evict_some(c, tier, need - c->slots[tier].n_free, 1);
+    return c->slots[tier].n_free >= need ? 0 : KVT_ENOSPACE;
   }
-}
-
-void kvt__fill_record_identity(kvt_cache *c, uint32_t e, uint32_t dev_slot, uint32_t host_slot) {
-  void *rec = kvt__host_slot(&c->host, host_slot);
-  kvt__record_hdr *h = rec;
-  const kvt__entry *en = kvt__E(c, e);
-  memset(h, 0, sizeof *h);
-  h->magic = KVT_RECORD_MAGIC;
-  h->version = KVT_RECORD_VERSION;
-  h->ns = c->ns;
-  h->key = en->key;
-  h->parent = en->parent;
-  h->payload_len = c->block_bytes;
-  if (c->dev_has_tokens[dev_slot]) {
-    h->flags |= KVT_RECORD_F_TOKENS;
-    h->token_count = c->bt;
-    memcpy(kvt__record_tokens(rec), c->dev_tokens + (size_t)dev_slot * c->bt, (size_t)c->bt * sizeof(uint32_t));
-  }
+  return KVT_EAGAIN;
 }
 
 /* Copies device-resident entries down to the host in one job (kvt_store,

@@ -1,24 +1,53 @@
-/* Jobs: asynchronous transfers between tiers, and what their completion
- * does to the tier map. Completions arrive on backend threads (the host
- * copy workers, CUDA's completion thread, the disk reaper) and change the
- * map only inside short critical sections under c->lock. */
+/* Jobs: the pool and the engine's handles, and the edge that faces the
+ * backends: submitting a job's device copies and disk I/O, and posting
+ * their completions to the completion queue as data (the backends' done()
+ * callbacks, which do nothing else). What a completion does to the tier
+ * map is progress.c's; this file calls no engine layer above it.
+ *
+ * Layers, top down: the API (read.c, write.c, storage*.c) -> progress.c
+ * (completions, follow-on work, waiting) -> evict.c (room, demotions) ->
+ * jobs.c -> the backends (dev/, store/). */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define XXH_INLINE_ALL
-#include <xxhash.h>
 
 #include "engine/engine.h"
 #include "store/record.h"
 #include "util/clock.h"
 
+static void dev_done(kvt_dev_xfer *x, int status);
+static void chunk_done(kvt_dev_xfer *x, int status);
+
 int kvt__jobs_init(kvt_cache *c) {
-  uint32_t n = c->cfg.max_jobs, m = c->cfg.max_job_blocks;
+  uint32_t n = c->cfg.max_jobs + KVT__JOBS_RESERVED, m = c->cfg.max_job_blocks, nh = c->cfg.max_jobs;
   c->jobs = calloc(n, sizeof *c->jobs);
   c->job_free = calloc(n, sizeof *c->job_free);
   c->submitq = calloc(n, sizeof *c->submitq);
-  if (!c->jobs || !c->job_free || !c->submitq) return -ENOMEM;
+  c->handles = calloc(nh, sizeof *c->handles);
+  c->handle_free = calloc(nh, sizeof *c->handle_free);
+  if (!c->jobs || !c->job_free || !c->submitq || !c->handles || !c->handle_free) return -ENOMEM;
+  c->n_jobs = n;
+  pthread_mutex_init(&c->cq_lock, NULL);
+  pthread_cond_init(&c->cq_cond, NULL);
+  c->cq_ready = 1;
+  c->xchunks = calloc(KVT__STREAM_XFERS, sizeof *c->xchunks);
+  c->xchunk_free = calloc(KVT__STREAM_XFERS, sizeof *c->xchunk_free);
+  c->chunkq = calloc(KVT__STREAM_XFERS, sizeof *c->chunkq);
+  if (!c->xchunks || !c->xchunk_free || !c->chunkq) return -ENOMEM;
+  c->n_xchunks = KVT__STREAM_XFERS;
+  for (uint32_t k = 0; k < KVT__STREAM_XFERS; k++) {
+    c->xchunks[k].index = k;
+    c->xchunks[k].xfer.engine_data = &c->xchunks[k];
+    c->xchunks[k].xfer.done = chunk_done;
+    c->xchunk_free[c->n_xchunk_free++] = KVT__STREAM_XFERS - 1 - k;
+  }
+  size_t per = c->block_bytes ? KVT__STREAM_BYTES / c->block_bytes : 1;
+  c->stream_blocks = per ? (uint32_t)(per < m ? per : m) : 1;
+  for (uint32_t h = 0; h < nh; h++) {
+    c->handles[h].gen = c->salt + h * 0x9e3779b9u;
+    c->handles[h].job = KVT__NONE;
+    c->handle_free[c->n_handle_free++] = nh - 1 - h;
+  }
   for (uint32_t j = 0; j < n; j++) {
     kvt__job *jb = &c->jobs[j];
     jb->ops = calloc(m, sizeof *jb->ops);
@@ -26,18 +55,34 @@ int kvt__jobs_init(kvt_cache *c) {
     jb->host_blocks = calloc(m, sizeof *jb->host_blocks);
     if (!jb->ops || !jb->dev_slots || !jb->host_blocks) return -ENOMEM;
     jb->xfer.engine_data = jb;
+    jb->xfer.done = dev_done;
     jb->c = c;
     jb->index = j;
     jb->gen = c->salt + j * 0x9e3779b9u;
     jb->req = KVT__NONE;
+    jb->handle = KVT__NONE;
     c->job_free[c->n_job_free++] = n - 1 - j;
   }
   return 0;
 }
 
 void kvt__jobs_fini(kvt_cache *c) {
+  for (uint32_t k = 0; c->xchunks && k < c->n_xchunks; k++)
+    if (c->xchunks[k].xfer.backend_data) kvt__dev_xfer_release(&c->dev, &c->xchunks[k].xfer);
+  free(c->xchunks);
+  free(c->xchunk_free);
+  free(c->chunkq);
+  c->xchunks = NULL;
+  if (c->cq_ready) {
+    pthread_mutex_destroy(&c->cq_lock);
+    pthread_cond_destroy(&c->cq_cond);
+    c->cq_ready = 0;
+  }
+  free(c->handles);
+  free(c->handle_free);
+  c->handles = NULL;
   if (!c->jobs) return;
-  for (uint32_t j = 0; j < c->cfg.max_jobs; j++) {
+  for (uint32_t j = 0; j < c->n_jobs; j++) {
     if (c->jobs[j].xfer.backend_data) kvt__dev_xfer_release(&c->dev, &c->jobs[j].xfer);
     free(c->jobs[j].ops);
     free(c->jobs[j].dev_slots);
@@ -49,8 +94,14 @@ void kvt__jobs_fini(kvt_cache *c) {
   c->jobs = NULL;
 }
 
+int kvt__job_available(const kvt_cache *c, int kind, uint32_t flags) {
+  if ((flags & KVT__JF_USER) && c->n_handle_free == 0) return 0;
+  int internal = !(flags & KVT__JF_USER) && kind != KVT__JOB_LOAD;
+  return c->n_job_free > (internal ? 0 : KVT__JOBS_RESERVED);
+}
+
 uint32_t kvt__job_new(kvt_cache *c, int kind, uint32_t flags) {
-  if (!c->n_job_free) return KVT__NONE;
+  if (!kvt__job_available(c, kind, flags)) return KVT__NONE;
   uint32_t j = c->job_free[--c->n_job_free];
   kvt__job *jb = &c->jobs[j];
   jb->gen++;
@@ -63,7 +114,21 @@ uint32_t kvt__job_new(kvt_cache *c, int kind, uint32_t flags) {
   jb->status = 0;
   jb->n_ops = jb->n_fetch = jb->pending = 0;
   jb->req = KVT__NONE;
+  jb->handle = KVT__NONE;
   jb->bytes = 0;
+  jb->disk_started = 0;
+  jb->copy_next = jb->scan = jb->chunks_out = jb->final_first = 0;
+  jb->final_out = 0;
+  if (flags & KVT__JF_USER) {
+    uint32_t h = c->handle_free[--c->n_handle_free];
+    kvt__handle *hd = &c->handles[h];
+    hd->gen++;
+    hd->busy = 1;
+    hd->done = 0;
+    hd->status = 0;
+    hd->job = j;
+    jb->handle = h;
+  }
   return j;
 }
 
@@ -88,269 +153,176 @@ kvt__op *kvt__job_add_copy(kvt_cache *c, uint32_t j, uint32_t e, int from, int t
 }
 
 kvt_job kvt__job_handle(const kvt_cache *c, uint32_t j) {
-  return ((uint64_t)c->jobs[j].gen << 32) | (j + 1);
+  uint32_t h = c->jobs[j].handle;
+  return ((uint64_t)c->handles[h].gen << 32) | (h + 1);
 }
 
-uint32_t kvt__job_from_handle(const kvt_cache *c, kvt_job h) {
-  uint32_t j = (uint32_t)h - 1;
-  if ((uint32_t)h == 0 || j >= c->cfg.max_jobs) return KVT__NONE;
-  const kvt__job *jb = &c->jobs[j];
-  if (!jb->busy || jb->gen != (uint32_t)(h >> 32) || !(jb->flags & KVT__JF_USER)) return KVT__NONE;
-  return j;
+uint32_t kvt__job_from_handle(const kvt_cache *c, kvt_job hv) {
+  uint32_t h = (uint32_t)hv - 1;
+  if ((uint32_t)hv == 0 || h >= c->cfg.max_jobs) return KVT__NONE;
+  const kvt__handle *hd = &c->handles[h];
+  return hd->busy && hd->gen == (uint32_t)(hv >> 32) ? h : KVT__NONE;
 }
 
-/* ---- completion effects (c->lock held) ---- */
-
-static kvt__ref *op_ref(kvt_cache *c, const kvt__job *jb, const kvt__op *op) {
-  if (jb->req == KVT__NONE || op->ref == KVT__NONE) return NULL;
-  return &c->refs[c->reqs[jb->req].ref0 + op->ref];
+void kvt__handle_release(kvt_cache *c, uint32_t h) {
+  kvt__handle *hd = &c->handles[h];
+  if (hd->job != KVT__NONE) { /* detached: it completes and frees itself */
+    c->jobs[hd->job].flags &= ~KVT__JF_USER;
+    c->jobs[hd->job].handle = KVT__NONE;
+  }
+  hd->busy = 0;
+  hd->job = KVT__NONE;
+  c->handle_free[c->n_handle_free++] = h;
 }
 
-/* The request gives up its claim on the entry; its slot becomes private
- * and the block, counted as a hit at acquire, becomes a miss. */
-static void ref_go_private(kvt_cache *c, kvt__job *jb, kvt__op *op) {
-  kvt__ref *r = op_ref(c, jb, op);
-  if (r && r->entry == op->entry) {
-    kvt__index_unpin(&c->map, op->entry, KVT__T_DEV);
-    r->entry = KVT__NONE;
-    r->failed = op->status != 0; /* else cancelled behind an earlier failure */
-    if (op->from_disk) c->st.hits_disk--;
-    else c->st.hits_host--;
-    c->st.misses++;
-    KVT__M_ADD(c, miss_blocks[op->status == KVT_EMISMATCH ? KVT__MISS_MISMATCH : KVT__MISS_LOAD_ERROR], 1);
+/* ---- posting (backend threads: the cq lock only, no engine work) ---- */
+
+static void cq_posted(kvt_cache *c) {
+  atomic_fetch_add(&c->cq_n, 1);
+  pthread_cond_signal(&c->cq_cond);
+  pthread_mutex_unlock(&c->cq_lock);
+  /* API threads waiting on c->cond apply completions themselves: wake them.
+   * The lock orders the wakeup after their check; nothing runs under it. */
+  if (atomic_load(&c->cq_waiters)) {
+    pthread_mutex_lock(&c->lock);
+    pthread_cond_broadcast(&c->cond);
+    pthread_mutex_unlock(&c->lock);
   }
 }
 
-static void store_done(kvt_cache *c, kvt__job *jb, kvt__op *op) {
-  uint32_t e = op->entry;
-  kvt__index_unpin(&c->map, e, KVT__T_DEV);
-  if (op->status == 0) {
-    kvt__index_set_state(&c->map, e, KVT__T_HOST, KVT__VALID, op->slot[KVT__T_HOST]);
-    c->st.blocks_d2h++;
-    c->st.bytes_d2h += c->block_bytes;
-  } else {
-    kvt__index_set_state(&c->map, e, KVT__T_HOST, KVT__ABSENT, 0);
-    kvt__slots_put(&c->slots[KVT__T_HOST], op->slot[KVT__T_HOST]);
-    if (op->status != KVT_ECANCELED) c->st.copy_errors++;
-    if (op->status != KVT_ECANCELED) kvt__event_note(c, KVT__EV_COPY, op->status, UINT64_MAX);
-  }
-  if (jb->flags & KVT__JF_EVICT) {
-    kvt__entry *en = kvt__E(c, e);
-    c->freeing[KVT__T_DEV]--;
-    /* A failed demotion still frees the slot (the block is then dropped):
-     * a copy path that keeps failing must not stall eviction forever. An
-     * engine's kvt_store(EVICT) keeps the device copy when its copy fails. */
-    int demote = (jb->flags & KVT__JF_DEMOTE) != 0;
-    if ((op->status == 0 || demote) && en->pins[KVT__T_DEV] == 0 && en->state[KVT__T_DEV] == KVT__VALID) {
-      kvt__drop_tier(c, e, KVT__T_DEV);
-      c->st.evictions_device++;
-      kvt__maybe_remove(c, e);
-    }
-  }
+static void disk_op_done(void *arg, int status) {
+  kvt__op *op = arg;
+  kvt_cache *c = op->jb->c;
+  op->status = status;
+  pthread_mutex_lock(&c->cq_lock);
+  op->cq_next = c->cq_ops;
+  c->cq_ops = op;
+  cq_posted(c);
 }
 
-static void load_done(kvt_cache *c, kvt__job *jb, kvt__op *op) {
-  uint32_t e = op->entry;
-  kvt__index_unpin(&c->map, e, KVT__T_HOST);
-  if (op->status == 0) {
-    kvt__index_set_state(&c->map, e, KVT__T_DEV, KVT__VALID, op->slot[KVT__T_DEV]);
-    if (!c->metadata_only) { /* the device copy keeps its tokens for later stores */
-      void *rec = kvt__host_slot(&c->host, op->slot[KVT__T_HOST]);
-      uint32_t ds = op->slot[KVT__T_DEV];
-      c->dev_has_tokens[ds] = (((kvt__record_hdr *)rec)->flags & KVT_RECORD_F_TOKENS) != 0;
-      if (c->dev_has_tokens[ds])
-        memcpy(c->dev_tokens + (size_t)ds * c->bt, kvt__record_tokens(rec), (size_t)c->bt * sizeof(uint32_t));
-    }
-    c->st.blocks_h2d++;
-    KVT__M_ADD(c, hit_blocks[op->from_disk ? KVT__T_DISK : KVT__T_HOST], 1);
-    c->st.bytes_h2d += c->block_bytes;
-  } else {
-    kvt__index_set_state(&c->map, e, KVT__T_DEV, KVT__ABSENT, 0);
-    ref_go_private(c, jb, op);
-    c->st.copy_errors++;
-    kvt__event_note(c, KVT__EV_COPY, op->status, UINT64_MAX);
-  }
+static void dev_done(kvt_dev_xfer *x, int status) {
+  kvt__job *jb = x->engine_data;
+  kvt_cache *c = jb->c;
+  jb->xfer_status = status;
+  pthread_mutex_lock(&c->cq_lock);
+  jb->cq_next = c->cq_jobs;
+  c->cq_jobs = jb;
+  cq_posted(c);
 }
 
-static void spill_done(kvt_cache *c, kvt__job *jb, kvt__op *op) {
-  uint32_t e = op->entry;
-  kvt__index_unpin(&c->map, e, KVT__T_HOST);
-  if (op->status == 0) {
-    kvt__index_set_state(&c->map, e, KVT__T_DISK, KVT__VALID, op->slot[KVT__T_DISK]);
-    c->st.blocks_h2disk++;
-    c->st.bytes_h2disk += c->block_bytes;
-  } else {
-    kvt__index_set_state(&c->map, e, KVT__T_DISK, KVT__ABSENT, 0);
-    kvt__slots_put(&c->slots[KVT__T_DISK], op->slot[KVT__T_DISK]);
-    c->st.io_errors++;
-    kvt__event_note(c, KVT__EV_IO, op->status, op->slot[KVT__T_DISK]);
-  }
-  if (jb->flags & KVT__JF_EVICT) {
-    kvt__entry *en = kvt__E(c, e);
-    c->freeing[KVT__T_HOST]--;
-    /* A failed spill still frees the host slot: the block is then dropped. */
-    if (en->pins[KVT__T_HOST] == 0 && en->state[KVT__T_HOST] == KVT__VALID) {
-      kvt__drop_tier(c, e, KVT__T_HOST);
-      c->st.evictions_host++;
-      kvt__maybe_remove(c, e);
-    }
-  }
-}
-
-/* Verifies a fetched record against the request's tokens (exactness). */
-static int fetch_verify(kvt_cache *c, const kvt__op *op) {
-  if (!op->tok_sum || c->metadata_only) return 0;
-  void *rec = kvt__host_slot(&c->host, op->slot[KVT__T_HOST]);
-  const kvt__record_hdr *h = rec;
-  if (!(h->flags & KVT_RECORD_F_TOKENS)) return 0;
-  uint64_t sum = XXH3_64bits(kvt__record_tokens(rec), (size_t)c->bt * sizeof(uint32_t));
-  return sum == op->tok_sum ? 0 : KVT_EMISMATCH;
-}
-
-/* A fetch that failed drops the disk copy, whatever the reason: a record
- * that fails its checks is never trusted again, and one whose read fails
- * (a bad sector, a file truncated under the cache) would fail every later
- * request too. Once dropped, the block is recomputed and written anew when
- * it is next demoted. A cancelled fetch keeps it. */
-static void fetch_failed(kvt_cache *c, uint32_t e, int status) {
-  kvt__entry *en = kvt__E(c, e);
-  if (status == KVT_ECANCELED) return;
-  if (status == KVT_ECORRUPT) c->st.checksum_failures++;
-  else if (status == KVT_EMISMATCH) c->st.verify_mismatches++;
-  else c->st.io_errors++;
-  if (status != KVT_EMISMATCH) kvt__event_note(c, status == KVT_ECORRUPT ? KVT__EV_CHECKSUM : KVT__EV_IO, status, en->slot[KVT__T_DISK]);
-  if (en->state[KVT__T_DISK] == KVT__VALID && en->pins[KVT__T_DISK] == 0) kvt__drop_tier(c, e, KVT__T_DISK);
-}
-
-static void fetch_done(kvt_cache *c, kvt__job *jb, kvt__op *op) {
-  uint32_t e = op->entry;
-  if (op->status == 0) op->status = fetch_verify(c, op);
-  kvt__index_unpin(&c->map, e, KVT__T_DISK);
-  if (op->status == 0) {
-    kvt__index_set_state(&c->map, e, KVT__T_HOST, KVT__VALID, op->slot[KVT__T_HOST]);
-    c->st.blocks_disk2h++;
-    c->st.bytes_disk2h += c->block_bytes;
-    return;
-  }
-  kvt__index_set_state(&c->map, e, KVT__T_HOST, KVT__ABSENT, 0);
-  kvt__slots_put(&c->slots[KVT__T_HOST], op->slot[KVT__T_HOST]);
-  if (jb->flags & KVT__JF_LOAD_AFTER) kvt__index_unpin(&c->map, e, KVT__T_HOST);
-  fetch_failed(c, e, op->status);
-  if (!(jb->flags & KVT__JF_LOAD_AFTER)) kvt__maybe_remove(c, e);
-}
-
-/* After the fetch phase of a request load: loads go ahead for the leading
- * blocks now on the host; from the first failure on the request
- * recomputes, so the rest of its loads are cancelled. Returns ops kept. */
-static uint32_t cut_loads_at_first_failure(kvt_cache *c, kvt__job *jb) {
-  uint32_t keep = jb->n_ops;
-  for (uint32_t i = 0; i < jb->n_ops; i++)
-    if (jb->ops[i].status != 0) {
-      keep = i;
-      break;
-    }
-  for (uint32_t i = keep; i < jb->n_ops; i++) {
-    kvt__op *op = &jb->ops[i];
-    if (op->status == 0) kvt__index_unpin(&c->map, op->entry, KVT__T_HOST);
-    kvt__index_set_state(&c->map, op->entry, KVT__T_DEV, KVT__ABSENT, 0);
-    ref_go_private(c, jb, op);
-    kvt__maybe_remove(c, op->entry);
-  }
-  if (keep < jb->n_ops && !jb->status) jb->status = jb->ops[keep].status;
-  jb->n_ops = keep;
-  return keep;
-}
-
-static void observe(kvt_cache *c, kvt__job *jb, int path, uint64_t bytes) {
-  int64_t ns = kvt__now_ns() - jb->t_start;
-  double s = (double)ns * 1e-9;
-  KVT__M_TRANSFER(c, jb, path, ns);
-  if (c->have_cost && bytes) kvt__calib_observe_transfer(&c->calib, path, bytes, 1, s);
-}
-
-/* Write-through: blocks that just reached the host go on to disk. */
-static uint32_t write_through(kvt_cache *c, kvt__job *jb) {
-  if (c->cfg.write_policy != KVT_WRITE_THROUGH || !kvt__has_tier(c, KVT__T_DISK) || jb->kind != KVT__JOB_STORE)
-    return KVT__NONE;
-  uint32_t j = KVT__NONE;
-  for (uint32_t i = 0; i < jb->n_ops; i++) {
-    uint32_t e = jb->ops[i].entry;
-    kvt__entry *en = kvt__E(c, e);
-    if (jb->ops[i].status || en->state[KVT__T_HOST] != KVT__VALID || en->state[KVT__T_DISK] != KVT__ABSENT) continue;
-    if (kvt__make_room(c, KVT__T_DISK, 1, 0) != 0) break;
-    if (j == KVT__NONE && (j = kvt__job_new(c, KVT__JOB_SPILL, 0)) == KVT__NONE) break;
-    kvt__job_add_copy(c, j, e, KVT__T_HOST, KVT__T_DISK, kvt__slots_take(&c->slots[KVT__T_DISK]));
-  }
-  return j;
-}
-
-static void finish_job(kvt_cache *c, kvt__job *jb) {
-  if (jb->status == KVT_ECANCELED) c->st.jobs_cancelled++;
-  else if (jb->status) c->st.jobs_failed++;
-  jb->done = 1;
-  c->inflight--;
-  if (!(jb->flags & KVT__JF_USER) && jb->req == KVT__NONE) kvt__job_free(c, jb->index);
+static void chunk_done(kvt_dev_xfer *x, int status) {
+  kvt__xchunk *ch = x->engine_data;
+  kvt_cache *c = ch->jb->c;
+  ch->status = status;
+  pthread_mutex_lock(&c->cq_lock);
+  ch->cq_next = c->cq_chunks;
+  c->cq_chunks = ch;
+  cq_posted(c);
 }
 
 /* ---- submission (c->lock NOT held) ---- */
 
-static void disk_op_done(void *arg, int status);
-
-/* A device transfer of every op of jb (STORE, LOAD, or phase 2 of a load). */
-static int submit_dev(kvt_cache *c, kvt__job *jb) {
+/* A device transfer of ops [first, first + n) of jb into x. */
+static int submit_dev(kvt_cache *c, kvt__job *jb, kvt_dev_xfer *x, uint32_t first, uint32_t n) {
   int src_tier = jb->kind == KVT__JOB_STORE ? KVT__T_DEV : KVT__T_HOST;
-  for (uint32_t i = 0; i < jb->n_ops; i++) {
+  for (uint32_t i = first; i < first + n; i++) {
     const kvt__op *op = &jb->ops[i];
     jb->dev_slots[i] = op->slot[KVT__T_DEV];
     void *rec = kvt__host_slot(&c->host, op->slot[KVT__T_HOST]);
     if (src_tier == KVT__T_DEV && !c->metadata_only) kvt__fill_record_identity(c, op->entry, op->slot[KVT__T_DEV], op->slot[KVT__T_HOST]);
     jb->host_blocks[i] = c->metadata_only ? NULL : kvt__record_payload(rec, c->bt);
   }
-  jb->xfer.dir = jb->kind == KVT__JOB_STORE ? KVT_XFER_D2H : KVT_XFER_H2D;
-  jb->xfer.n_blocks = jb->n_ops;
-  jb->xfer.dev_slots = jb->dev_slots;
-  jb->xfer.host_blocks = jb->host_blocks;
+  x->dir = jb->kind == KVT__JOB_STORE ? KVT_XFER_D2H : KVT_XFER_H2D;
+  x->n_blocks = n;
+  x->dev_slots = jb->dev_slots + first;
+  x->host_blocks = jb->host_blocks + first;
   if (c->metadata_only) return 1; /* nothing moves: complete at once */
-  return kvt__dev_submit(&c->dev, &jb->xfer);
+  return kvt__dev_submit(&c->dev, x);
 }
 
-static void dev_done(kvt_dev_xfer *x, int status);
+void kvt__chunk_submit(kvt_cache *c, kvt__xchunk *ch) {
+  int rc = submit_dev(c, ch->jb, &ch->xfer, ch->first, ch->n);
+  if (rc != 0) chunk_done(&ch->xfer, rc > 0 ? 0 : rc);
+}
 
-static void submit_disk_ops(kvt_cache *c, kvt__job *jb) {
+/* Disk ops go to the store in batches of up to DISK_BATCH (one backend
+ * submission each), never waiting for a free op: returns 1 once every op
+ * of the phase is handed over, 0 when the queue is full (the job resumes
+ * from disk_next once completions free ops). */
+#define DISK_BATCH 64u
+
+int kvt__job_disk_ops(kvt_cache *c, kvt__job *jb) {
   int write = jb->kind == KVT__JOB_SPILL, load = jb->kind == KVT__JOB_LOAD;
-  uint32_t n = 0, n_ops = jb->n_ops, sent = 0;
-  for (uint32_t i = 0; i < n_ops; i++) n += (!load || jb->ops[i].from_disk);
-  pthread_mutex_lock(&c->lock);
-  jb->pending = n;
-  pthread_mutex_unlock(&c->lock);
-  /* The job may finish (and be reused) as the last op completes: stop
-   * touching it once every op has been handed over. */
-  for (uint32_t i = 0; i < n_ops && sent < n; i++) {
-    kvt__op *op = &jb->ops[i];
-    if (load && !op->from_disk) continue;
-    sent++;
-    void *rec = kvt__host_slot(&c->host, op->slot[KVT__T_HOST]);
-    int rc;
-    if (c->metadata_only) rc = 1;
-    else if (write) rc = kvt__disk_write(c->disk, op->slot[KVT__T_DISK], rec, disk_op_done, op);
-    else rc = kvt__disk_read(c->disk, op->slot[KVT__T_DISK], rec, &kvt__E(c, op->entry)->key, disk_op_done, op);
-    if (rc != 0) disk_op_done(op, rc > 0 ? 0 : rc);
+  uint32_t n_ops = jb->n_ops, i = jb->disk_next, sent = jb->disk_sent, total = jb->disk_total;
+  /* The job may finish (and be reused) as its last op completes: stop
+   * touching it once every op has been handed over. Ops not yet handed
+   * over keep it pending, so reading ops[] for the next batch is safe. */
+  kvt__disk_io io[DISK_BATCH];
+  uint32_t idx[DISK_BATCH];
+  while (sent < total) {
+    uint32_t k = 0;
+    for (; i < n_ops && k < DISK_BATCH && sent + k < total; i++) {
+      kvt__op *op = &jb->ops[i];
+      if (load && !op->from_disk) continue;
+      idx[k] = i;
+      io[k++] = (kvt__disk_io){.slot = op->slot[KVT__T_DISK], .rec = kvt__host_slot(&c->host, op->slot[KVT__T_HOST]),
+                               .expected_key = write ? NULL : &kvt__E(c, op->entry)->key, .arg = op};
+    }
+    if (c->metadata_only) {
+      sent += k;
+      for (uint32_t b = 0; b < k; b++) disk_op_done(io[b].arg, 0);
+      continue;
+    }
+    int q = write ? kvt__disk_try_write_batch(c->disk, io, k, disk_op_done)
+                  : kvt__disk_try_read_batch(c->disk, io, k, disk_op_done);
+    uint32_t b = 0;
+    for (; b < k; b++) {
+      int rc = q < 0 ? q : io[b].status;
+      if (rc == KVT_EAGAIN) break;
+      if (rc != 0) disk_op_done(io[b].arg, rc > 0 ? 0 : rc);
+    }
+    if (b < k) { /* queue full: idx[b] on are not handed over, so the job is still ours */
+      jb->disk_next = idx[b];
+      jb->disk_sent = sent + b;
+      return 0;
+    }
+    sent += k;
   }
+  return 1;
 }
 
-/* Submits a job's current phase. */
-void kvt__job_submit(kvt_cache *c, uint32_t j) {
-  kvt__job *jb = &c->jobs[j];
-  jb->t_start = kvt__now_ns();
-  jb->bytes = (uint64_t)jb->n_ops * c->block_bytes;
-  if (jb->kind == KVT__JOB_SPILL || jb->kind == KVT__JOB_FETCH || (jb->kind == KVT__JOB_LOAD && jb->phase == 1)) {
-    submit_disk_ops(c, jb);
-    return;
+int kvt__job_disk_phase(const kvt__job *jb) {
+  return jb->kind == KVT__JOB_SPILL || jb->kind == KVT__JOB_FETCH || (jb->kind == KVT__JOB_LOAD && jb->phase == 1);
+}
+
+/* Starts a job's disk phase (lock NOT held): what it hands the store. */
+void kvt__job_disk_start(kvt_cache *c, kvt__job *jb) {
+  pthread_mutex_lock(&c->lock);
+  if (!jb->disk_started) {
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < jb->n_ops; i++) {
+      kvt__op *op = &jb->ops[i];
+      int disk = jb->kind != KVT__JOB_LOAD || op->from_disk;
+      n += disk;
+      op->landed = !disk; /* a load's host hits are on the host already */
+    }
+    jb->disk_started = 1;
+    jb->disk_next = jb->disk_sent = 0;
+    jb->disk_total = jb->pending = n;
+    jb->t_start = kvt__now_ns();
+    jb->bytes = (uint64_t)jb->n_ops * c->block_bytes;
   }
-  jb->xfer.done = dev_done;
-  uint32_t gen = jb->gen;
+  pthread_mutex_unlock(&c->lock);
+}
+
+/* Submits a job's device copy (STORE, LOAD, or a load's last stage: ops
+ * [final_first, n_ops)); a refusal is posted like a completion. */
+void kvt__job_copy(kvt_cache *c, kvt__job *jb) {
   int load = jb->kind == KVT__JOB_LOAD;
-  int rc = submit_dev(c, jb);
+  uint32_t first = load ? jb->final_first : 0, gen = jb->gen;
+  jb->t_start = kvt__now_ns();
+  jb->bytes = (uint64_t)(jb->n_ops - first) * c->block_bytes;
+  int rc = submit_dev(c, jb, &jb->xfer, first, jb->n_ops - first);
   if (rc != 0) {
     dev_done(&jb->xfer, rc > 0 ? 0 : rc);
   } else if (load) {
@@ -363,84 +335,22 @@ void kvt__job_submit(kvt_cache *c, uint32_t j) {
   }
 }
 
+void kvt__fill_record_identity(kvt_cache *c, uint32_t e, uint32_t dev_slot, uint32_t host_slot) {
+  void *rec = kvt__host_slot(&c->host, host_slot);
+  kvt__record_hdr *h = rec;
+  const kvt__entry *en = kvt__E(c, e);
+  memset(h, 0, sizeof *h);
+  h->magic = KVT_RECORD_MAGIC;
+  h->version = KVT_RECORD_VERSION;
+  h->ns = c->ns;
+  h->key = en->key;
+  h->parent = en->parent;
+  h->payload_len = c->block_bytes;
+  if (c->dev_has_tokens[dev_slot]) {
+    h->flags |= KVT_RECORD_F_TOKENS;
+    h->token_count = c->bt;
+    memcpy(kvt__record_tokens(rec), c->dev_tokens + (size_t)dev_slot * c->bt, (size_t)c->bt * sizeof(uint32_t));
+  }
+}
+
 void kvt__queue_submit(kvt_cache *c, uint32_t j) { c->submitq[c->n_submitq++] = j; }
-
-void kvt__flush_submits(kvt_cache *c) {
-  for (;;) {
-    pthread_mutex_lock(&c->lock);
-    uint32_t j = c->n_submitq ? c->submitq[--c->n_submitq] : KVT__NONE;
-    pthread_mutex_unlock(&c->lock);
-    if (j == KVT__NONE) return;
-    kvt__job_submit(c, j);
-  }
-}
-
-/* ---- completion entry points (backend threads) ---- */
-
-/* A completion that starts the next job: its copy may finish before the
- * submit call returns, so kvt_drain also waits for c->submitting. */
-static void submit_from_library_thread(kvt_cache *c, uint32_t j) {
-  kvt__job_submit(c, j);
-  pthread_mutex_lock(&c->lock);
-  c->submitting--;
-  pthread_cond_broadcast(&c->cond);
-  pthread_mutex_unlock(&c->lock);
-}
-
-static void dev_done(kvt_dev_xfer *x, int status) {
-  kvt__job *jb = x->engine_data;
-  kvt_cache *c = jb->c;
-  pthread_mutex_lock(&c->lock);
-  if (status == 0 && (jb->flags & KVT__JF_CANCEL)) status = KVT_ECANCELED;
-  for (uint32_t i = 0; i < jb->n_ops; i++) {
-    kvt__op *op = &jb->ops[i];
-    op->status = status;
-    if (jb->kind == KVT__JOB_STORE) store_done(c, jb, op);
-    else load_done(c, jb, op);
-  }
-  if (status && !jb->status) jb->status = status;
-  observe(c, jb, 0, jb->bytes);
-  uint32_t next = write_through(c, jb);
-  if (next != KVT__NONE) {
-    c->inflight++;
-    c->st.jobs_started++; /* like every other job: jobs_failed never exceeds it */
-    c->submitting++;
-  }
-  finish_job(c, jb);
-  pthread_cond_broadcast(&c->cond);
-  pthread_mutex_unlock(&c->lock);
-  kvt__events_flush(c);
-  if (next != KVT__NONE) submit_from_library_thread(c, next);
-}
-
-static void disk_op_done(void *arg, int status) {
-  kvt__op *op = arg;
-  kvt__job *jb = op->jb;
-  kvt_cache *c = jb->c;
-  int load_next = 0;
-  pthread_mutex_lock(&c->lock);
-  if (status == 0 && (jb->flags & KVT__JF_CANCEL)) status = KVT_ECANCELED;
-  op->status = status;
-  if (jb->kind == KVT__JOB_SPILL) spill_done(c, jb, op);
-  else fetch_done(c, jb, op);
-  if (op->status && !jb->status && jb->kind != KVT__JOB_LOAD) jb->status = op->status;
-  if (--jb->pending == 0) {
-    uint64_t n = jb->kind == KVT__JOB_LOAD ? jb->n_fetch : jb->n_ops;
-    observe(c, jb, 1, n * c->block_bytes);
-    if (jb->kind == KVT__JOB_LOAD) {
-      if (cut_loads_at_first_failure(c, jb) > 0) {
-        jb->phase = 2;
-        load_next = 1;
-        c->submitting++;
-      } else {
-        finish_job(c, jb);
-      }
-    } else {
-      finish_job(c, jb);
-    }
-  }
-  pthread_cond_broadcast(&c->cond);
-  pthread_mutex_unlock(&c->lock);
-  kvt__events_flush(c);
-  if (load_next) submit_from_library_thread(c, jb->index);
-}

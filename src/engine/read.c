@@ -107,21 +107,6 @@ static uint32_t req_from_handle(const kvt_cache *c, kvt_req h) {
   return rq->busy && rq->gen == (uint32_t)(h >> 32) ? r : KVT__NONE;
 }
 
-/* First fit over the ref arena; runs are contiguous so a request's refs
- * index like an array. */
-static uint32_t refs_alloc(kvt_cache *c, uint32_t n) {
-  uint32_t run = 0;
-  for (uint32_t i = 0; i < c->refs_cap; i++) {
-    run = c->ref_used[i] ? 0 : run + 1;
-    if (run == n) {
-      uint32_t first = i + 1 - n;
-      memset(c->ref_used + first, 1, n);
-      return first;
-    }
-  }
-  return n == 0 ? 0 : KVT__NONE;
-}
-
 static int tokens_match(kvt_cache *c, const kvt__entry *en, int tier, const uint32_t *tok) {
   if (!tok || c->metadata_only) return 1;
   size_t bytes = (size_t)c->bt * sizeof(uint32_t);
@@ -154,9 +139,12 @@ static int shared_after_copy(const scan_result *sr, int tier) {
 }
 
 static void scan_prefix(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, const uint32_t *tokens,
-                        size_t restore, kvt__ref *refs, scan_result *sr) {
+                        size_t restore, uint32_t chunk0, scan_result *sr) {
   memset(sr, 0, sizeof *sr);
+  uint32_t id = chunk0 * KVT__REF_CHUNK;
+  kvt__index_prefetch(&c->map, keys, restore < 16 ? restore : 16);
   for (size_t i = 0; i < restore; i++) {
+    if (i + 16 < restore) kvt__index_prefetch(&c->map, &keys[i + 16], 1);
     uint32_t e = kvt__index_find(&c->map, &keys[i]);
     if (e == KVT__NONE) break;
     kvt__entry *en = kvt__E(c, e);
@@ -185,18 +173,23 @@ static void scan_prefix(kvt_cache *c, const kvt_key *parent, const kvt_key *keys
       break;
     }
     kvt__index_pin(&c->map, e, t);
-    refs[i].entry = e;
-    refs[i].tier = (uint8_t)t;
+    kvt__ref *r = kvt__ref_at(c, id);
+    r->entry = e;
+    r->tier = (uint8_t)t;
     sr->per_tier[t]++;
     sr->n++;
+    id = kvt__ref_next(c, id);
   }
 }
 
-static void unpin_prefix(kvt_cache *c, const kvt__ref *refs, uint32_t n) {
-  for (uint32_t i = n; i-- > 0;) kvt__index_unpin(&c->map, refs[i].entry, refs[i].tier);
+/* Last pinned first, as kvt_release does. */
+static void unpin_prefix(kvt_cache *c, uint32_t chunk0, uint32_t n) {
+  if (n == 0) return;
+  for (uint32_t i = n, id = kvt__ref_id(c, chunk0, n - 1); i-- > 0; id = kvt__ref_prev(c, id)) {
+    const kvt__ref *r = kvt__ref_at(c, id);
+    kvt__index_unpin(&c->map, r->entry, r->tier);
+  }
 }
-
-static void refs_free(kvt_cache *c, uint32_t ref0, uint32_t n) { memset(c->ref_used + ref0, 0, n); }
 
 static void set_dev_tokens(kvt_cache *c, uint32_t slot, const uint32_t *tok) {
   if (c->metadata_only) return;
@@ -210,8 +203,9 @@ static void fill_request(kvt_cache *c, kvt__request *rq, uint32_t job, const kvt
   uint32_t total = rq->n_blocks + rq->n_extra;
   kvt__job *jb = job == KVT__NONE ? NULL : &c->jobs[job];
   uint32_t staged = 0; /* host slots held in jb->dev_slots by kvt_acquire */
-  for (uint32_t i = 0; i < total; i++) {
-    kvt__ref *r = &c->refs[rq->ref0 + i];
+  uint32_t id = kvt__req_ref0(rq);
+  for (uint32_t i = 0; i < total; i++, id = kvt__ref_next(c, id)) {
+    kvt__ref *r = kvt__ref_at(c, id);
     const uint32_t *tok = tokens && i < rq->n_blocks ? tokens + (size_t)i * c->bt : NULL;
     if (i >= rq->n_restore) { /* fresh slot for the engine to compute into */
       memset(r, 0, sizeof *r);
@@ -233,7 +227,7 @@ static void fill_request(kvt_cache *c, kvt__request *rq, uint32_t job, const kvt
     memset(op, 0, sizeof *op);
     op->jb = jb;
     op->entry = r->entry;
-    op->ref = i;
+    op->ref = id;
     op->slot[KVT__T_DEV] = r->slot;
     op->slot[KVT__T_DISK] = KVT__NONE;
     if (r->tier == KVT__T_HOST) {
@@ -262,19 +256,21 @@ static int acquire_args_ok(const kvt_cache *c, const kvt_key *keys, size_t n_blo
 }
 
 /* Undoes what reserve() held: pins, staged host slots, the job. */
-static void unreserve(kvt_cache *c, kvt__ref *refs, const scan_result *sr, uint32_t job, uint32_t n_stage) {
+static void unreserve(kvt_cache *c, uint32_t chunk0, const scan_result *sr, uint32_t job, uint32_t n_stage) {
   for (uint32_t i = 0; i < n_stage; i++) kvt__slots_put(&c->slots[KVT__T_HOST], c->jobs[job].dev_slots[i]);
-  unpin_prefix(c, refs, sr->n);
+  unpin_prefix(c, chunk0, sr->n);
   if (job != KVT__NONE) kvt__job_free(c, job);
 }
 
 /* While make_room waited, another request may have started copying a
  * pinned block into a faster tier (or finished doing so): restoring it
  * again would overwrite that copy's slot. */
-static int prefix_moved(kvt_cache *c, const kvt__ref *refs, uint32_t n) {
-  for (uint32_t i = 0; i < n; i++) {
-    const kvt__entry *en = kvt__E(c, refs[i].entry);
-    for (int t = 0; t < refs[i].tier; t++)
+static int prefix_moved(kvt_cache *c, uint32_t chunk0, uint32_t n) {
+  uint32_t id = chunk0 * KVT__REF_CHUNK;
+  for (uint32_t i = 0; i < n; i++, id = kvt__ref_next(c, id)) {
+    const kvt__ref *r = kvt__ref_at(c, id);
+    const kvt__entry *en = kvt__E(c, r->entry);
+    for (int t = 0; t < r->tier; t++)
       if (en->state[t] != KVT__ABSENT) return 1;
   }
   return 0;
@@ -284,13 +280,13 @@ static int prefix_moved(kvt_cache *c, const kvt__ref *refs, uint32_t n) {
  * to stage its disk blocks (held in the job's dev_slots array) and device
  * slots for everything not already on the device. Lock held; may wait. */
 static int reserve(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, const uint32_t *tokens, size_t restore,
-                   kvt__ref *refs, uint32_t total, int may_wait, scan_result *sr, uint32_t *job_out) {
+                   uint32_t chunk0, uint32_t total, int may_wait, scan_result *sr, uint32_t *job_out) {
   for (;;) {
-    scan_prefix(c, parent, keys, tokens, restore, refs, sr);
+    scan_prefix(c, parent, keys, tokens, restore, chunk0, sr);
     if (sr->must_wait) {
-      unpin_prefix(c, refs, sr->n);
+      unpin_prefix(c, chunk0, sr->n);
       if (!may_wait) return KVT_EAGAIN;
-      pthread_cond_wait(&c->cond, &c->lock);
+      kvt__wait(c, NULL);
       continue;
     }
     uint32_t n_copy = sr->n - sr->per_tier[KVT__T_DEV], n_stage = 0, job = KVT__NONE;
@@ -304,17 +300,19 @@ static int reserve(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, con
       rc = kvt__make_room(c, KVT__T_DEV, total - sr->per_tier[KVT__T_DEV], may_wait);
     }
     if (rc == 0 && c->n_req_free == 0) rc = KVT_ENOSPACE;
-    if (rc == 0 && !prefix_moved(c, refs, sr->n)) {
+    if (rc == 0 && !prefix_moved(c, chunk0, sr->n)) {
       *job_out = job;
       c->st.verify_mismatches += (uint64_t)sr->mismatch;
       return 0;
     }
-    unreserve(c, refs, sr, job, n_stage);
+    unreserve(c, chunk0, sr, job, n_stage);
     if (rc == KVT_ENOSPACE && sr->per_tier[KVT__T_DISK]) {
       /* The host cannot stage the disk blocks now (its slots are pinned):
        * restore only the prefix before the first of them. */
       uint32_t i = 0;
-      while (i < sr->n && refs[i].tier != KVT__T_DISK) i++;
+      for (uint32_t id = chunk0 * KVT__REF_CHUNK; i < sr->n && kvt__ref_at(c, id)->tier != KVT__T_DISK;
+           id = kvt__ref_next(c, id))
+        i++;
       restore = i;
       continue;
     }
@@ -339,17 +337,16 @@ int kvt_acquire_after(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, 
   uint64_t limit = c->cap[KVT__T_DEV] < c->cfg.max_job_blocks ? c->cap[KVT__T_DEV] : c->cfg.max_job_blocks;
   if (n_blocks > limit || extra_slots > limit - n_blocks) return -E2BIG; /* no wrap-around */
   int may_wait = !(flags & KVT_ACQUIRE_NOWAIT), rc = 0;
-  uint32_t total = (uint32_t)(n_blocks + extra_slots), job = KVT__NONE, ref0;
+  uint32_t total = (uint32_t)(n_blocks + extra_slots), job = KVT__NONE, chunk0, chunk_last;
   scan_result sr;
   pthread_mutex_lock(&c->lock);
-  if (c->n_req_free == 0 || (ref0 = refs_alloc(c, total)) == KVT__NONE) {
+  if (c->n_req_free == 0 || (rc = kvt__refs_alloc(c, total, &chunk0, &chunk_last)) != 0) {
     pthread_mutex_unlock(&c->lock);
-    return KVT_ENOSPACE;
+    return rc ? rc : KVT_ENOSPACE;
   }
-  kvt__ref *refs = &c->refs[ref0];
-  rc = reserve(c, parent, keys, tokens, restore, refs, total, may_wait, &sr, &job);
+  rc = reserve(c, parent, keys, tokens, restore, chunk0, total, may_wait, &sr, &job);
   if (rc != 0) {
-    refs_free(c, ref0, total);
+    kvt__refs_free(c, chunk0, chunk_last, total);
     pthread_mutex_unlock(&c->lock);
     kvt__flush_submits(c);
     return rc;
@@ -363,7 +360,8 @@ int kvt_acquire_after(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, 
   rq->n_extra = (uint32_t)extra_slots;
   rq->n_restore = sr.n;
   rq->n_committed = 0;
-  rq->ref0 = ref0;
+  rq->chunk0 = chunk0;
+  rq->chunk_last = chunk_last;
   rq->job = job;
   rq->parent = parent ? *parent : c->ns;
   fill_request(c, rq, job, keys, tokens, slots);
@@ -371,6 +369,7 @@ int kvt_acquire_after(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, 
     kvt__job *jb = &c->jobs[job];
     jb->req = r;
     jb->phase = jb->n_fetch ? 1 : 2;
+    jb->final_out = !jb->n_fetch; /* host hits only: one copy, the job's own */
     if (jb->n_fetch) jb->flags |= KVT__JF_LOAD_AFTER;
     c->inflight++;
     c->st.jobs_started++;
@@ -382,6 +381,10 @@ int kvt_acquire_after(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, 
   c->st.misses += n_blocks - sr.n;
   KVT__M_ACQUIRE(c, n_blocks, restore, sr.n, sr.mismatch, sr.per_tier[KVT__T_DEV]);
   *req = ((uint64_t)rq->gen << 32) | (r + 1);
+  /* Disk reads wait for free queue slots: the progress thread submits
+   * them, and the caller returns at once. */
+  int deferred = job != KVT__NONE && c->jobs[job].n_fetch && c->progress_running;
+  if (deferred) kvt__progress_submit(c, job);
   if (info) {
     kvt_acquire_info full = {sizeof full, sr.n, sr.per_tier[KVT__T_DEV], n_copy, sr.per_tier[KVT__T_DISK]};
     kvt__struct_out(info, &full, sizeof full, KVT_ACQUIRE_INFO_SIZE_V1);
@@ -389,15 +392,15 @@ int kvt_acquire_after(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, 
   pthread_mutex_unlock(&c->lock);
   kvt__flush_submits(c);
   if (job == KVT__NONE) return 0;
-  kvt__job_submit(c, job);
+  if (!deferred) kvt__job_submit(c, job);
   return 1;
 }
 
 /* Leading restored blocks whose device copy is valid (lock held, loads done). */
 static uint32_t ready_prefix(kvt_cache *c, const kvt__request *rq) {
   uint32_t i = 0;
-  for (; i < rq->n_restore; i++) {
-    const kvt__ref *r = &c->refs[rq->ref0 + i];
+  for (uint32_t id = kvt__req_ref0(rq); i < rq->n_restore; i++, id = kvt__ref_next(c, id)) {
+    const kvt__ref *r = kvt__ref_at(c, id);
     if (r->entry == KVT__NONE) break;
     const kvt__entry *en = kvt__E(c, r->entry);
     if (en->state[KVT__T_DEV] != KVT__VALID || en->slot[KVT__T_DEV] != r->slot) break;
@@ -427,13 +430,14 @@ int kvt_request_wait(kvt_cache *c, kvt_req req, int64_t timeout_ns, uint32_t *n_
   KVT__REQ_CHECK(c);
   struct timespec dl;
   if (timeout_ns > 0) deadline_after(&dl, timeout_ns);
+  kvt__cq_drain(c); /* a poll sees what backends posted, whatever the progress thread is doing */
   pthread_mutex_lock(&c->lock);
   uint32_t r = req_from_handle(c, req);
   int rc = 0;
   while (r != KVT__NONE && loading(c, &c->reqs[r]) && rc == 0) {
     if (timeout_ns == 0) rc = 1;
-    else if (timeout_ns < 0) pthread_cond_wait(&c->cond, &c->lock);
-    else if (pthread_cond_timedwait(&c->cond, &c->lock, &dl) != 0 && loading(c, &c->reqs[r])) rc = KVT_ETIMEDOUT;
+    else if (timeout_ns < 0) kvt__wait(c, NULL);
+    else if (kvt__wait(c, &dl) != 0 && loading(c, &c->reqs[r])) rc = KVT_ETIMEDOUT;
   }
   if (r == KVT__NONE) rc = KVT_ENOJOB;
   else if (n_ready) *n_ready = rc == 0 ? ready_prefix(c, &c->reqs[r]) : 0;
@@ -444,9 +448,9 @@ int kvt_request_wait(kvt_cache *c, kvt_req req, int64_t timeout_ns, uint32_t *n_
 
 /* One block's outcome once the loads are over (lock held). Past n_ready
  * every slot is the request's own: shared_after_copy() saw to that. */
-static uint8_t block_state(const kvt_cache *c, const kvt__request *rq, uint32_t i, uint32_t n_ready) {
+static uint8_t block_state(const kvt_cache *c, const kvt__request *rq, uint32_t i, uint32_t id, uint32_t n_ready) {
   if (i < n_ready) return KVT_BLOCK_READY;
-  return i < rq->n_restore && c->refs[rq->ref0 + i].failed ? KVT_BLOCK_FAILED : KVT_BLOCK_COMPUTE;
+  return i < rq->n_restore && kvt__ref_at(c, id)->failed ? KVT_BLOCK_FAILED : KVT_BLOCK_COMPUTE;
 }
 
 int kvt_request_block_states(kvt_cache *c, kvt_req req, uint8_t *states, size_t n) {
@@ -458,10 +462,19 @@ int kvt_request_block_states(kvt_cache *c, kvt_req req, uint8_t *states, size_t 
   if (rc == 0) {
     const kvt__request *rq = &c->reqs[r];
     uint32_t n_ready = ready_prefix(c, rq);
-    for (uint32_t i = 0; i < n; i++) states[i] = block_state(c, rq, i, n_ready);
+    uint32_t id = kvt__req_ref0(rq);
+    for (uint32_t i = 0; i < n; i++, id = kvt__ref_next(c, id)) states[i] = block_state(c, rq, i, id, n_ready);
   }
   pthread_mutex_unlock(&c->lock);
   return rc;
+}
+
+/* A load's device copy of a layer may be waited for once every copy of the
+ * job is with the backend: its streamed chunks are over (they go back to
+ * the pool as they finish) and its own xfer, if any, is submitted. Lock held. */
+static int copies_settled(const kvt_cache *c, const kvt__request *rq) {
+  const kvt__job *jb = &c->jobs[rq->job];
+  return jb->submitted && jb->chunks_out == 0;
 }
 
 int kvt_request_layer_ready(kvt_cache *c, kvt_req req, uint32_t layer) {
@@ -470,12 +483,15 @@ int kvt_request_layer_ready(kvt_cache *c, kvt_req req, uint32_t layer) {
   pthread_mutex_lock(&c->lock);
   uint32_t r = req_from_handle(c, req);
   int rc = r == KVT__NONE ? KVT_ENOJOB : 0;
+  kvt__job *jb = NULL;
   if (rc == 0 && loading(c, &c->reqs[r])) {
-    kvt__job *jb = &c->jobs[c->reqs[r].job];
-    rc = jb->submitted && !c->metadata_only ? kvt__dev_layer_ready(&c->dev, &jb->xfer, layer) : 1;
+    if (!copies_settled(c, &c->reqs[r]) || c->metadata_only) rc = 1;
+    else jb = &c->jobs[c->reqs[r].job];
   }
   pthread_mutex_unlock(&c->lock);
-  return rc;
+  /* The backend's query (cudaEventQuery) runs outside the metadata lock;
+   * the job stays the request's until kvt_release, so jb is safe here. */
+  return jb ? kvt__dev_layer_ready(&c->dev, &jb->xfer, layer) : rc;
 }
 
 int kvt_request_wait_layer(kvt_cache *c, kvt_req req, uint32_t layer, void *stream) {
@@ -489,7 +505,7 @@ int kvt_request_wait_layer(kvt_cache *c, kvt_req req, uint32_t layer, void *stre
   }
   /* The device copy of a layer exists only once the fetch phase is over
    * and the backend has accepted the load. */
-  while (loading(c, &c->reqs[r]) && !c->jobs[c->reqs[r].job].submitted) pthread_cond_wait(&c->cond, &c->lock);
+  while (loading(c, &c->reqs[r]) && !copies_settled(c, &c->reqs[r])) kvt__wait(c, NULL);
   kvt__job *jb = loading(c, &c->reqs[r]) ? &c->jobs[c->reqs[r].job] : NULL;
   pthread_mutex_unlock(&c->lock);
   /* The job stays the request's until kvt_release, so jb is safe here. */
@@ -506,8 +522,9 @@ int kvt_request_extend(kvt_cache *c, kvt_req req, const kvt_key *keys, const uin
   int rc = r == KVT__NONE ? KVT_ENOJOB : (n > c->reqs[r].n_extra ? -EINVAL : 0);
   if (rc == 0) {
     kvt__request *rq = &c->reqs[r];
-    for (size_t i = 0; i < n; i++) {
-      kvt__ref *ref = &c->refs[rq->ref0 + rq->n_blocks + i];
+    uint32_t id = n ? kvt__ref_id(c, rq->chunk0, rq->n_blocks) : KVT__NONE;
+    for (size_t i = 0; i < n; i++, id = kvt__ref_next(c, id)) {
+      kvt__ref *ref = kvt__ref_at(c, id);
       ref->key = keys[i];
       set_dev_tokens(c, ref->slot, tokens ? tokens + i * c->bt : NULL);
     }
@@ -520,10 +537,12 @@ int kvt_request_extend(kvt_cache *c, kvt_req req, const kvt_key *keys, const uin
 
 static uint32_t commit_blocks(kvt_cache *c, kvt__request *rq, uint32_t n_valid, uint32_t *stores) {
   uint32_t n_store = 0;
-  for (uint32_t i = rq->n_committed; i < n_valid; i++) {
-    kvt__ref *r = &c->refs[rq->ref0 + i];
+  if (rq->n_committed >= n_valid) return 0;
+  uint32_t id = kvt__ref_id(c, rq->chunk0, rq->n_committed);
+  const kvt_key *parent = rq->n_committed ? &kvt__ref_at(c, kvt__ref_prev(c, id))->key : &rq->parent;
+  for (uint32_t i = rq->n_committed; i < n_valid; i++, parent = &kvt__ref_at(c, id)->key, id = kvt__ref_next(c, id)) {
+    kvt__ref *r = kvt__ref_at(c, id);
     if (r->entry != KVT__NONE) continue; /* restored or a device hit */
-    const kvt_key *parent = i ? &c->refs[rq->ref0 + i - 1].key : &rq->parent;
     uint32_t e = kvt__index_find(&c->map, &r->key);
     if (e == KVT__NONE) e = kvt__index_insert(&c->map, &r->key, parent);
     if (e == KVT__NONE) break;
@@ -576,10 +595,12 @@ int kvt_release(kvt_cache *c, kvt_req req) {
     return KVT_ENOJOB;
   }
   kvt__request *rq = &c->reqs[r];
-  while (loading(c, rq)) pthread_cond_wait(&c->cond, &c->lock);
+  while (loading(c, rq)) kvt__wait(c, NULL);
   /* Last block first: ancestors end up more recent than their tails. */
-  for (uint32_t i = rq->n_blocks + rq->n_extra; i-- > 0;) {
-    kvt__ref *ref = &c->refs[rq->ref0 + i];
+  uint32_t total = rq->n_blocks + rq->n_extra;
+  uint32_t id = rq->chunk_last * KVT__REF_CHUNK + (total - 1) % KVT__REF_CHUNK;
+  for (uint32_t i = total; i-- > 0; id = kvt__ref_prev(c, id)) {
+    kvt__ref *ref = kvt__ref_at(c, id);
     if (ref->entry == KVT__NONE) {
       kvt__slots_put(&c->slots[KVT__T_DEV], ref->slot);
       if (c->dev_has_tokens) c->dev_has_tokens[ref->slot] = 0;
@@ -590,7 +611,7 @@ int kvt_release(kvt_cache *c, kvt_req req) {
     kvt__index_touch(&c->map, ref->entry, KVT__T_HOST);
     kvt__index_touch(&c->map, ref->entry, KVT__T_DISK);
   }
-  refs_free(c, rq->ref0, rq->n_blocks + rq->n_extra);
+  kvt__refs_free(c, rq->chunk0, rq->chunk_last, total);
   if (rq->job != KVT__NONE) kvt__job_free(c, rq->job);
   rq->job = KVT__NONE;
   rq->busy = 0;

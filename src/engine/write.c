@@ -69,7 +69,8 @@ int kvt_prefetch(kvt_cache *c, const kvt_key *keys, size_t n, kvt_job *job) {
      * cannot start would evict (with no job slot for spills: drop) host
      * blocks for nothing. It is taken only after, so that make_room may
      * still use the last one for a spill (and then say EAGAIN). */
-    if (j == KVT__NONE ? c->n_job_free == 0 : c->jobs[j].n_ops == c->cfg.max_job_blocks) {
+    if (j == KVT__NONE ? !kvt__job_available(c, KVT__JOB_FETCH, KVT__JF_USER)
+                       : c->jobs[j].n_ops == c->cfg.max_job_blocks) {
       if (j == KVT__NONE) rc = KVT_EAGAIN; /* every job slot busy: ask again */
       break;
     }
@@ -84,14 +85,17 @@ int kvt_prefetch(kvt_cache *c, const kvt_key *keys, size_t n, kvt_job *job) {
     kvt__job_free(c, j);
     j = KVT__NONE;
   }
+  int deferred = 0;
   if (j != KVT__NONE) {
     c->inflight++;
     c->st.jobs_started++;
     *job = kvt__job_handle(c, j);
+    /* Reads wait for free disk ops: the progress thread submits them. */
+    if ((deferred = c->progress_running) != 0) kvt__progress_submit(c, j);
   }
   pthread_mutex_unlock(&c->lock);
   kvt__flush_submits(c);
-  if (j != KVT__NONE) kvt__job_submit(c, j);
+  if (j != KVT__NONE && !deferred) kvt__job_submit(c, j);
   return j != KVT__NONE ? 1 : (rc < 0 ? rc : 0);
 }
 
@@ -109,15 +113,18 @@ int kvt_job_wait(kvt_cache *c, kvt_job job, int64_t timeout_ns) {
       dl.tv_nsec -= 1000000000;
     }
   }
+  kvt__cq_drain(c); /* a poll sees what backends posted, whatever the progress thread is doing */
   pthread_mutex_lock(&c->lock);
-  uint32_t j = kvt__job_from_handle(c, job);
-  int rc = j == KVT__NONE ? KVT_ENOJOB : 0;
-  while (rc == 0 && !c->jobs[j].done) {
+  uint32_t h = kvt__job_from_handle(c, job);
+  int rc = h == KVT__NONE ? KVT_ENOJOB : 0;
+  while (rc == 0 && !c->handles[h].done) {
     if (timeout_ns == 0) rc = 1;
-    else if (timeout_ns < 0) pthread_cond_wait(&c->cond, &c->lock);
-    else if (pthread_cond_timedwait(&c->cond, &c->lock, &dl) != 0 && !c->jobs[j].done) rc = KVT_ETIMEDOUT;
+    else if (timeout_ns < 0) kvt__wait(c, NULL);
+    else if (kvt__wait(c, &dl) != 0 && !c->handles[h].done) rc = KVT_ETIMEDOUT;
+    /* Another thread may have released the handle while this one waited. */
+    if (rc == 0 && kvt__job_from_handle(c, job) != h) rc = KVT_ENOJOB;
   }
-  if (rc == 0) rc = c->jobs[j].status;
+  if (rc == 0) rc = c->handles[h].status;
   pthread_mutex_unlock(&c->lock);
   return rc;
 }
@@ -125,21 +132,18 @@ int kvt_job_wait(kvt_cache *c, kvt_job job, int64_t timeout_ns) {
 int kvt_job_cancel(kvt_cache *c, kvt_job job) {
   if (!job_api_ok(c)) return !c ? -EINVAL : kvt__forked(c) ? KVT_EFORKED : KVT_ELAYOUT;
   pthread_mutex_lock(&c->lock);
-  uint32_t j = kvt__job_from_handle(c, job);
-  if (j != KVT__NONE && !c->jobs[j].done) c->jobs[j].flags |= KVT__JF_CANCEL;
+  uint32_t h = kvt__job_from_handle(c, job);
+  if (h != KVT__NONE && c->handles[h].job != KVT__NONE) c->jobs[c->handles[h].job].flags |= KVT__JF_CANCEL;
   pthread_mutex_unlock(&c->lock);
-  return j == KVT__NONE ? KVT_ENOJOB : 0;
+  return h == KVT__NONE ? KVT_ENOJOB : 0;
 }
 
 int kvt_job_release(kvt_cache *c, kvt_job job) {
   if (!job_api_ok(c)) return !c ? -EINVAL : kvt__forked(c) ? KVT_EFORKED : KVT_ELAYOUT;
   pthread_mutex_lock(&c->lock);
-  uint32_t j = kvt__job_from_handle(c, job);
-  int rc = j == KVT__NONE ? KVT_ENOJOB : 0;
-  if (rc == 0) {
-    c->jobs[j].flags &= ~KVT__JF_USER;
-    if (c->jobs[j].done) kvt__job_free(c, j); /* else it frees itself when done */
-  }
+  uint32_t h = kvt__job_from_handle(c, job);
+  int rc = h == KVT__NONE ? KVT_ENOJOB : 0;
+  if (rc == 0) kvt__handle_release(c, h);
   pthread_mutex_unlock(&c->lock);
   return rc;
 }

@@ -58,9 +58,18 @@ void kvt__io_close(kvt__io *io) {
 int kvt__io_submit(kvt__io *io, const kvt_io_req *reqs, uint32_t n) {
   uint32_t ok = 0;
   int f = 0;
+  if (n && io->held_fault) { /* the request it was injected for comes first now */
+    f = io->held_fault;
+    io->held_fault = 0;
+    return f < 0 ? f : -EIO;
+  }
   while (ok < n && (f = kvt__fault_check(KVT_FAULT_IO_SUBMIT, reqs[ok].op)) == 0) ok++;
   if (ok == 0 && f != 0) return f < 0 ? f : -EIO;
-  return ok ? io->be->submit(io->ctx, reqs, ok) : 0;
+  int rc = ok ? io->be->submit(io->ctx, reqs, ok) : 0;
+  /* Requests after the accepted ones come back in the caller's next call:
+   * the fault stays theirs. (Fault injection is single-threaded per test.) */
+  if (f != 0 && rc == (int)ok) io->held_fault = f;
+  return rc;
 }
 
 static void fault_delay(int res) {

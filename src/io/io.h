@@ -12,6 +12,7 @@ typedef struct kvt__io {
   const kvt_io_backend *be;
   void *ctx;
   char fallback[128]; /* why io_uring was not used under KVT_DISK_AUTO; "" if it was */
+  int held_fault;     /* a submission fault injected behind accepted requests: the next call's first */
 } kvt__io;
 
 /* Opens the backend `choice` asks for. KVT_DISK_AUTO tries io_uring and falls

@@ -279,7 +279,8 @@ static int pass_init(kvt__disk *d, pass *p, int op, uint32_t len, int with_bufs)
   p->len = len;
   p->width = (uint32_t)(w < 1 ? 1 : w > d->depth ? d->depth : w);
   p->n_free = p->width;
-  p->bufs = with_bufs ? aligned_alloc(4096, (size_t)p->width * len) : NULL;
+  /* aligned_alloc wants a multiple of the alignment (one 512 B header at queue depth 1 is not). */
+  p->bufs = with_bufs ? aligned_alloc(4096, ((size_t)p->width * len + 4095) & ~(size_t)4095) : NULL;
   p->free_pos = malloc(p->width * sizeof *p->free_pos);
   p->pos_slot = malloc(p->width * sizeof *p->pos_slot);
   p->reqs = malloc(p->width * sizeof *p->reqs);

@@ -36,6 +36,8 @@ static _Thread_local const kvt__disk *tl_completing;
  * that free ops must not wait on themselves, so from done() a full pool
  * returns NULL. */
 static disk_op *op_get(kvt__disk *d, int wait) {
+  int delay = kvt__fault_check(KVT_FAULT_STORE_OP_DELAY_US, wait);
+  if (delay > 0) usleep((useconds_t)delay);
   disk_op *op = NULL;
   pthread_mutex_lock(&d->lock);
   int on_completion = tl_completing == d;

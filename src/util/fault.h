@@ -21,6 +21,8 @@ typedef enum kvt__fault_site {
   KVT_FAULT_DISK_SYNC,        /* durable mode's fdatasync of a group of completed
                                  writes, just before it (arg: ops in the group):
                                  -errno fails it without calling fdatasync */
+  KVT_FAULT_STORE_OP_DELAY_US, /* microseconds to stall the disk store's op allocation
+                                  (arg: 1 if the caller may wait for a free op) */
   KVT_FAULT_SITE_COUNT
 } kvt__fault_site;
 
