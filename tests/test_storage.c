@@ -518,6 +518,30 @@ static void a_get_leaves_ancestors_more_recent_than_tails(void **s) {
   sfix_close(&f);
 }
 
+/* kvt_drain waits for storage jobs too: blocks put are in their tier when
+ * it returns, before the engine has waited for the job itself. */
+static void drain_waits_for_storage_jobs(void **s) {
+  sfix f;
+  sfix_open(&f, 0, 64, 1); /* no host pool: every put is a disk write */
+  fill_blocks(&f, NB, 7);
+  kvt_piece p[NB];
+  make_pieces(&f, NB, 0, p);
+  kvt_batch b;
+  kvt_batch_init(&b);
+  b.n_blocks = NB;
+  b.keys = f.keys;
+  b.tokens = f.tokens;
+  b.pieces = p;
+  b.pieces_per_block = 1;
+  kvt_job job = 0;
+  assert_int_equal(kvt_put_from(f.c, &b, &job), 1);
+  assert_int_equal(kvt_drain(f.c), 0);
+  assert_int_equal(kvt_storage_poll(f.c, job), 0); /* finished, as drain said */
+  assert_int_equal(exists(&f, NB).n_disk, NB);
+  assert_int_equal(kvt_storage_release(f.c, job), 0);
+  sfix_close(&f);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(round_trip_host_one_piece),
@@ -536,6 +560,7 @@ int main(void) {
       cmocka_unit_test(keys_in_flight_are_not_written_twice),
       cmocka_unit_test(prefetch_promotes_disk_blocks_to_host),
       cmocka_unit_test(a_get_leaves_ancestors_more_recent_than_tails),
+      cmocka_unit_test(drain_waits_for_storage_jobs),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

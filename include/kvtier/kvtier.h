@@ -557,7 +557,8 @@ KVT_API int kvt_job_cancel(kvt_cache *c, kvt_job job);
  * detaches it: it completes on its own and frees itself. */
 KVT_API int kvt_job_release(kvt_cache *c, kvt_job job);
 
-/* Waits until no transfer is in flight (evictions included). May block. */
+/* Waits until no transfer is in flight (evictions, spills and storage
+ * jobs included). May block. */
 KVT_API int kvt_drain(kvt_cache *c);
 
 /* ------------------------------------------------------------------ */

@@ -9,6 +9,7 @@
 
 #include "core/hash.h"
 #include "engine/engine.h"
+#include "engine/storage.h"
 #include "store/record.h"
 #include "util/abi.h"
 #include "util/clock.h"
@@ -410,7 +411,7 @@ int kvt_drain(kvt_cache *c) {
   if (kvt__forked(c)) return KVT_EFORKED;
   kvt__flush_submits(c);
   pthread_mutex_lock(&c->lock);
-  while (c->inflight || c->submitting) kvt__wait(c, NULL);
+  while (c->inflight || c->submitting || (c->storage && c->storage->active)) kvt__wait(c, NULL);
   pthread_mutex_unlock(&c->lock);
   return 0;
 }

@@ -378,6 +378,7 @@ static int submit(kvt_cache *c, const kvt_batch *user, kvt_job *job, int kind) {
   else claim_gets(c, jb, &b);
   region_users(s, jb->regions, +1);
   s->queue[(s->q_head + s->q_len++) % c->cfg.max_jobs] = j;
+  s->active++;
   pthread_cond_signal(&s->work);
   *job = sjob_handle(s, j);
   pthread_mutex_unlock(&c->lock);

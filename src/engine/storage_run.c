@@ -263,6 +263,7 @@ static void finish(kvt_cache *c, kvt__sjob *jb, uint32_t j) {
   for (uint64_t m = jb->regions, r = 0; m; r++, m >>= 1)
     if (m & 1) s->regions[r].users--;
   jb->done = 1;
+  s->active--;
   if (jb->user) {
     s->done_q[(s->d_head + s->d_len++) % c->cfg.max_jobs] = j;
   } else {
