@@ -6,8 +6,10 @@
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 pkgs=(liburing-dev libxxhash-dev libcmocka-dev libcjson-dev pkg-config cmake make gcc)
-# --test: clang for the fuzzers, python3-venv for the Python package's tests.
-if [[ "${1:-}" == "--test" ]]; then pkgs+=(clang libclang-rt-14-dev python3 python3-venv); fi
+# --test: clang for the fuzzers, python3-venv for the Python package's tests;
+# g++ for llama.cpp; python3-dev, libssl-dev and ninja-build for the C++
+# extension SGLang builds on first use (its storage key hash).
+if [[ "${1:-}" == "--test" ]]; then pkgs+=(clang libclang-rt-14-dev python3 python3-venv g++ python3-dev libssl-dev ninja-build); fi
 if kvt_cuda_wanted && [[ -n "$(kvt_nvcc)" ]]; then pkgs+=(g++); fi
 missing=()
 for p in "${pkgs[@]}"; do

@@ -411,10 +411,13 @@ static void io_errors_logged_once_then_counted(void **state) {
   kvt_drain(f.c);
   disarm();
   /* The first line reported the errors applied before it (one, or a few
-   * applied in the same progress step); this one reports the rest. */
+   * applied in the same progress step); a later line, over a second after
+   * it, reports those held back. Whether this spill's error is in that
+   * line or held for the next depends on when the progress thread flushed
+   * (any completion flushes), so only the total is checked, at close. */
   assert_int_equal(book_wait(KVT_LOG_ERROR, "disk I/O error", NULL, 2), 2);
   assert_true(book_count(KVT_LOG_ERROR, "disk I/O error", "since the last report)") >= 1);
-  assert_int_equal(book_events("disk I/O error"), 4 + 1);
+  assert_true(book_events("disk I/O error") >= 4 && book_events("disk I/O error") <= 4 + 1);
   /* Errors held back by the rate limit are reported at kvt_close, not lost.
    * A third conversation (B's disk copies depend on which of its writes
    * finished first) pushes A's four blocks to disk: two writes fail. */
@@ -428,6 +431,7 @@ static void io_errors_logged_once_then_counted(void **state) {
   assert_int_equal(st.io_errors, 4 + 1 + 2);
   fixture_close(&f);
   assert_int_equal(book_events("disk I/O error"), 4 + 1 + 2);
+  assert_true(book_count(KVT_LOG_ERROR, "disk I/O error", NULL) < 4 + 1 + 2); /* rate-limited */
 }
 
 static void load_errors_are_misses_and_logged(void **state) {
