@@ -18,6 +18,7 @@ or a raw address (int).
 
 import enum
 import errno as _errno
+import math
 from collections import namedtuple
 
 import numpy as np
@@ -476,7 +477,14 @@ def _stream(stream):
 
 
 def _timeout_ns(timeout):
-    return -1 if timeout is None else int(max(0.0, timeout) * 1e9)
+    """Seconds to the library's nanoseconds: None or inf = forever (-1),
+    negative = 0 (poll); beyond int64 nanoseconds (292 years) = forever."""
+    if timeout is None:
+        return -1
+    if math.isnan(timeout):  # a TypeError for what is not a number
+        raise ValueError("timeout: NaN is not a number of seconds")
+    ns = max(0.0, timeout) * 1e9
+    return -1 if ns >= 2.0 ** 63 else int(ns)
 
 
 # One kvt_piece (fixed ABI, like iovec): ptr, region, reserved, offset, len.
@@ -506,22 +514,27 @@ def pieces(lengths, addresses=None, region=REGION_NONE, offsets=None):
     return out
 
 
-def _readable_address(obj):
-    """(address, nbytes, owner) of any buffer (read-only ones too), a torch tensor or a numpy array."""
+def _readable_address(obj, writable=False):
+    """(address, nbytes, owner) of any buffer (read-only ones too unless
+    writable), a torch tensor or a numpy array."""
     if hasattr(obj, "data_ptr") and hasattr(obj, "element_size"):
         return _address(obj)
     if isinstance(obj, np.ndarray):
         if not obj.flags.c_contiguous:
             raise ValueError("array must be C-contiguous")
+        if writable and not obj.flags.writeable:
+            raise ValueError("array is read-only: get_into writes into its pieces")
         return int(obj.ctypes.data), obj.nbytes, obj
-    buf = ffi.from_buffer(obj)
+    buf = ffi.from_buffer(obj, require_writable=writable)
     return int(ffi.cast("uintptr_t", buf)), len(buf), buf
 
 
-def _as_pieces(spec):
+def _as_pieces(spec, writable=False):
     """(kvt_piece * cdata, n, owners) of a piece table: an array of PIECE_DTYPE,
     or a list whose items are a buffer / numpy array / torch tensor (all of
-    its bytes), (address or buffer, len), or (region, offset, len)."""
+    its bytes), (address or buffer, len), or (region, offset, len).
+    writable: the buffers named are destinations (get_into), so read-only
+    ones (bytes, read-only arrays) are refused."""
     if isinstance(spec, np.ndarray) and spec.dtype == PIECE_DTYPE:
         arr = np.ascontiguousarray(spec)
         return ffi.cast("kvt_piece *", arr.ctypes.data), arr.shape[0], [arr]
@@ -534,11 +547,11 @@ def _as_pieces(spec):
             continue
         if isinstance(item, tuple) and len(item) == 2:
             base, length = item
-            addr, size, owner = (base, None, None) if isinstance(base, int) else _readable_address(base)
+            addr, size, owner = (base, None, None) if isinstance(base, int) else _readable_address(base, writable)
             if size is not None and length > size:
                 raise ValueError("piece %d: %d bytes asked of a %d-byte buffer" % (i, length, size))
         else:
-            addr, length, owner = _readable_address(item)
+            addr, length, owner = _readable_address(item, writable)
         arr[i]["ptr"], arr[i]["len"] = addr, length
         owners.append(owner)
     return ffi.cast("kvt_piece *", arr.ctypes.data), arr.shape[0], owners
@@ -1116,7 +1129,7 @@ class Cache:
 
     def _batch(self, kind, keys, pieces, parent, tokens, opaque, max_blocks):
         kp, n, karr = _as_keys(keys)
-        pcs, n_pieces, owners = _as_pieces(pieces)
+        pcs, n_pieces, owners = _as_pieces(pieces, writable=(kind == "get"))
         if n == 0:
             raise ValueError("%s: no keys" % kind)
         if n_pieces == 0 or n_pieces % n:
@@ -1166,6 +1179,9 @@ class Cache:
         """Finished storage jobs, each reported once, oldest first, as a list
         of (StorageJob, status) (status as StorageJob.poll). Never blocks.
         Release each job once its results are read."""
+        max_jobs = int(max_jobs)
+        if max_jobs < 1:
+            raise ValueError("storage_collect: max_jobs must be at least 1, got %d" % max_jobs)
         found = []
         jobs = ffi.new("kvt_job[]", max_jobs)
         status = ffi.new("int[]", max_jobs)
