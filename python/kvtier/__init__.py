@@ -170,6 +170,8 @@ def set_log_handler(handler):
 
         def handler(level, message):
             logger.log(levels.get(int(level), logging.INFO), "%s", message)
+    elif handler is not None and not callable(handler):
+        raise TypeError('set_log_handler: a callable(level, message), "logging" or None, not %r' % (handler,))
     if handler is None:
         lib.kvt_set_log_handler(ffi.NULL, ffi.NULL)
         if _log_callback is not None:

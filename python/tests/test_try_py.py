@@ -74,3 +74,8 @@ def test_wait_timeout_of_the_wrong_type(cache):
     with cache.get_into(keys, [bytearray(BLOCK)]) as job:
         with pytest.raises(TypeError):
             job.wait("1")
+
+
+def test_log_handler_is_checked():
+    with pytest.raises(TypeError):
+        kvtier.set_log_handler("bogus")  # used to be installed, then fail on every message
