@@ -1,4 +1,4 @@
-"""Misuse of the Python surface found by trying it cold: each raises a clear
+"""Misuse of the Python storage surface: each raises a clear
 error instead of hanging or writing where it must not."""
 import math
 
