@@ -13,7 +13,7 @@ BLOCK = 4 * SEG
 
 @pytest.fixture
 def cache():
-    c = kvtier.Cache(model_fingerprint="try-py@v1", device=kvtier.Device.HOST, host_blocks=16)
+    c = kvtier.Cache(model_fingerprint="edges@v1", device=kvtier.Device.HOST, host_blocks=16)
     c.register_storage(SEG, num_layers=2, segments_per_layer=2)
     yield c
     c.close()
