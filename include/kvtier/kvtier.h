@@ -105,7 +105,9 @@ KVT_API int kvt_version_number(void);
   XX(KVT_ENAMESPACE, -3014, "stored data belongs to another model, layout or format")       \
   XX(KVT_ETIMEDOUT, -3015, "timed out before the transfer finished")                      \
   XX(KVT_EFORKED, -3016, "cache belongs to the parent process: a forked child cannot use it") \
-  XX(KVT_ELOCKED, -3017, "disk file is in use by another open cache")
+  XX(KVT_ELOCKED, -3017, "disk file is in use by another open cache")                       \
+  XX(KVT_EREMOTE, -3018, "remote tier unreachable, failing or degraded")                     \
+  XX(KVT_EAUTH, -3019, "remote tier refused the credentials")
 
 enum {
 #define KVT_XX_ENUM(name, value, text) name = (value),

@@ -276,4 +276,6 @@ ERRORS = {
     "ETIMEDOUT": -3015,
     "EFORKED": -3016,
     "ELOCKED": -3017,
+    "EREMOTE": -3018,
+    "EAUTH": -3019,
 }

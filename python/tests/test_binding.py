@@ -31,7 +31,7 @@ def test_strerror_names_every_code():
     texts = set()
     for name in ("EMISS", "EMISMATCH", "ENOSPACE", "ENODEV", "ECORRUPT", "ECANCELED", "EBUSY", "ELAYOUT",
                  "ESTATE", "EVERSION", "EAGAIN", "ENOJOB", "EUNSUPPORTED", "ENAMESPACE", "ETIMEDOUT",
-                 "EFORKED", "ELOCKED"):
+                 "EFORKED", "ELOCKED", "EREMOTE", "EAUTH"):
         code = getattr(kvtier, name)
         text = kvtier.strerror(code)
         assert text != "unknown kvtier error code", name
