@@ -19,6 +19,7 @@ or a raw address (int).
 import enum
 import errno as _errno
 import math
+import threading
 from collections import namedtuple
 
 import numpy as np
@@ -589,7 +590,7 @@ class Request:
     def poll(self):
         """(done, n_ready): n_ready leading blocks are valid; final once done."""
         n = ffi.new("uint32_t *")
-        rc = _check(lib.kvt_request_poll(self._cache._ptr(), self.handle, n), "kvt_request_poll")
+        rc = _check(self._cache._call(lib.kvt_request_poll, self.handle, n), "kvt_request_poll")
         return rc == 0, n[0]
 
     def wait(self, timeout=None):
@@ -597,17 +598,17 @@ class Request:
         Blocks [n_ready, info.n_restore) failed to load and must be recomputed.
         Raises KvtError ETIMEDOUT when the timeout passes first."""
         n = ffi.new("uint32_t *")
-        _check(lib.kvt_request_wait(self._cache._ptr(), self.handle, _timeout_ns(timeout), n), "kvt_request_wait")
+        _check(self._cache._call(lib.kvt_request_wait, self.handle, _timeout_ns(timeout), n), "kvt_request_wait")
         return n[0]
 
     def layer_ready(self, layer):
         """True once layer `layer` of every loading block has landed (provisional)."""
-        return _check(lib.kvt_request_layer_ready(self._cache._ptr(), self.handle, layer),
+        return _check(self._cache._call(lib.kvt_request_layer_ready, self.handle, layer),
                       "kvt_request_layer_ready") == 0
 
     def wait_layer(self, layer, stream=None):
         """CUDA: `stream` waits on the layer's event; host backend: waits here."""
-        _check(lib.kvt_request_wait_layer(self._cache._ptr(), self.handle, layer, _stream(stream)),
+        _check(self._cache._call(lib.kvt_request_wait_layer, self.handle, layer, _stream(stream)),
                "kvt_request_wait_layer")
 
     def extend(self, keys, tokens=None):
@@ -616,14 +617,14 @@ class Request:
         kp, n, karr = _as_keys(keys)
         bt = self._cache.block_tokens
         tp, tarr = _as_tokens(tokens, None if tokens is None else n * bt)
-        _check(lib.kvt_request_extend(self._cache._ptr(), self.handle, kp, tp, n), "kvt_request_extend")
+        _check(self._cache._call(lib.kvt_request_extend, self.handle, kp, tp, n), "kvt_request_extend")
         self.n_blocks += n
 
     def commit(self, n_valid=None, stream=None):
         """Keyed blocks [0, n_valid) hold valid KV (default: all keyed blocks)."""
         if n_valid is None:
             n_valid = self.n_blocks
-        _check(lib.kvt_commit(self._cache._ptr(), self.handle, n_valid, _stream(stream)), "kvt_commit")
+        _check(self._cache._call(lib.kvt_commit, self.handle, n_valid, _stream(stream)), "kvt_commit")
 
     def block_states(self, n=None):
         """BlockState per keyed block (the first n; default all) once the loads
@@ -631,14 +632,14 @@ class Request:
         n = self.n_blocks if n is None else n
         states = np.empty(n, dtype=np.uint8)
         sp = ffi.cast("uint8_t *", states.ctypes.data) if n else ffi.cast("uint8_t *", self.slots.ctypes.data)
-        rc = _check(lib.kvt_request_block_states(self._cache._ptr(), self.handle, sp, n),
+        rc = _check(self._cache._call(lib.kvt_request_block_states, self.handle, sp, n),
                     "kvt_request_block_states")
         return None if rc == 1 else states
 
     def release(self):
         """Unpins the request's blocks (waits for loads in flight)."""
         self.released = True
-        _check(lib.kvt_release(self._cache._ptr(), self.handle), "kvt_release")
+        _check(self._cache._call(lib.kvt_release, self.handle), "kvt_release")
 
     def __enter__(self):
         return self
@@ -666,21 +667,21 @@ class Job:
         """True when done ok, False while in progress; raises the job's error."""
         if not self.started:
             return True
-        return _check(lib.kvt_job_poll(self._cache._ptr(), self.handle), "kvt_job_poll") == 0
+        return _check(self._cache._call(lib.kvt_job_poll, self.handle), "kvt_job_poll") == 0
 
     def wait(self, timeout=None):
         """Waits until done (seconds, None = forever); raises the job's error or ETIMEDOUT."""
         if self.started:
-            _check(lib.kvt_job_wait(self._cache._ptr(), self.handle, _timeout_ns(timeout)), "kvt_job_wait")
+            _check(self._cache._call(lib.kvt_job_wait, self.handle, _timeout_ns(timeout)), "kvt_job_wait")
 
     def cancel(self):
         if self.started:
-            _check(lib.kvt_job_cancel(self._cache._ptr(), self.handle), "kvt_job_cancel")
+            _check(self._cache._call(lib.kvt_job_cancel, self.handle), "kvt_job_cancel")
 
     def release(self):
         if self.started:
             self.released = True
-            _check(lib.kvt_job_release(self._cache._ptr(), self.handle), "kvt_job_release")
+            _check(self._cache._call(lib.kvt_job_release, self.handle), "kvt_job_release")
 
     def __enter__(self):
         return self
@@ -712,7 +713,7 @@ class StorageJob:
     def poll(self):
         """None while in flight; then 0 (every block landed or was skipped) or
         the first block's error code (negative). Never blocks."""
-        return self._status(lib.kvt_storage_poll(self._cache._ptr(), self.handle), "kvt_storage_poll")
+        return self._status(self._cache._call(lib.kvt_storage_poll, self.handle), "kvt_storage_poll")
 
     def done(self):
         return self.poll() is not None
@@ -720,7 +721,7 @@ class StorageJob:
     def wait(self, timeout=None):
         """Waits (seconds, None = forever; the GIL is released) and returns the
         status as poll does; raises KvtError ETIMEDOUT when the time passes first."""
-        return self._status(lib.kvt_storage_wait(self._cache._ptr(), self.handle, _timeout_ns(timeout)),
+        return self._status(self._cache._call(lib.kvt_storage_wait, self.handle, _timeout_ns(timeout)),
                             "kvt_storage_wait")
 
     def results(self):
@@ -730,7 +731,7 @@ class StorageJob:
         now valid in the engine's memory)."""
         res = np.empty(max(self.n_blocks, 1), dtype=np.int32)
         n_ok = ffi.new("uint32_t *")
-        rc = _check(lib.kvt_storage_results(self._cache._ptr(), self.handle,
+        rc = _check(self._cache._call(lib.kvt_storage_results, self.handle,
                                             ffi.cast("int32_t *", res.ctypes.data), self.n_blocks, n_ok),
                     "kvt_storage_results")
         return None if rc == 1 else (res[: self.n_blocks], n_ok[0])
@@ -741,15 +742,17 @@ class StorageJob:
             return
         self.released = True
         self._cache._storage_jobs.pop(self.handle, None)
-        if self._cache.closed:  # close waited for every transfer
+        if self._cache.closed:
+            # close() may still be waiting for this job in kvt_close: its buffers
+            # stay with the cache, which drops them once kvt_close has returned.
+            self._cache._keep.append(self._keep)
             self._keep = None
             return
-        c = self._cache._ptr()
-        if lib.kvt_storage_poll(c, self.handle) == 1:
+        if self._cache._call(lib.kvt_storage_poll, self.handle) == 1:
             # A detached job still touches its buffers: the cache keeps them until it closes.
             self._cache._keep.append(self._keep)
         self._keep = None
-        _check(lib.kvt_storage_release(c, self.handle), "kvt_storage_release")
+        _check(self._cache._call(lib.kvt_storage_release, self.handle), "kvt_storage_release")
 
     def __enter__(self):
         return self
@@ -786,6 +789,8 @@ class Cache:
         self._keep = []
         self._storage_jobs = {}  # handle -> StorageJob, until released
         self._regions = {}  # region -> the buffer it names
+        self._calls = 0  # C calls in flight on other threads; close() waits for them
+        self._calls_cv = threading.Condition(threading.Lock())
         out = ffi.new("kvt_cache **")
         _check(lib.kvt_open(config._c, out), "kvt_open")
         self._c = out[0]
@@ -801,14 +806,36 @@ class Cache:
             raise ValueError("kvtier: the cache is closed")
         return self._c
 
+    def _call(self, fn, *args):
+        """fn(cache, *args), counted so that close() in another thread waits for it
+        instead of freeing the cache under it."""
+        cv = self._calls_cv
+        with cv:
+            c = self._ptr()
+            self._calls += 1
+        try:
+            return fn(c, *args)
+        finally:
+            with cv:
+                self._calls -= 1
+                if self._calls == 0:
+                    cv.notify_all()
+
     @property
     def handle(self):
         """The kvt_cache * as an int, for C code that shares this cache."""
         return int(ffi.cast("uintptr_t", self._ptr()))
 
     def close(self):
-        """Waits for every transfer in flight, then frees the cache. Idempotent."""
-        c, self._c = self._c, None
+        """Waits for every transfer in flight, then frees the cache. Idempotent.
+        Calls other threads are making on this cache finish first (a wait among
+        them returns when its job does or times out); calls started after close
+        raise ValueError."""
+        cv = self._calls_cv
+        with cv:
+            c, self._c = self._c, None
+            while self._calls:
+                cv.wait()
         if c is not None:
             lib.kvt_close(c)
         for job in list(self._storage_jobs.values()):
@@ -863,7 +890,7 @@ class Cache:
                 keep.append(owner)
             lay.segments = arr
             keep.append(arr)
-        rc = lib.kvt_register_layout(self._ptr(), lay)
+        rc = self._call(lib.kvt_register_layout, lay)
         if rc < 0:
             raise KvtError(rc, "kvt_register_layout", self.error_detail())
         self._keep.extend(keep)
@@ -890,23 +917,23 @@ class Cache:
 
     def block_bytes(self):
         """Bytes of one block (0 for metadata only)."""
-        return lib.kvt_block_bytes(self._ptr())
+        return self._call(lib.kvt_block_bytes)
 
     def error_detail(self):
         """Why the last failed register_layout failed (path or segment at fault), or ""."""
-        return ffi.string(lib.kvt_error_detail(self._ptr())).decode(errors="replace")
+        return ffi.string(self._call(lib.kvt_error_detail)).decode(errors="replace")
 
     def namespace(self):
         """The namespace key (after register_layout), shape (1, 2) uint64."""
         ns = _new_keys(1)
-        _check(lib.kvt_namespace(self._ptr(), ffi.cast("kvt_key *", ns.ctypes.data)), "kvt_namespace")
+        _check(self._call(lib.kvt_namespace, ffi.cast("kvt_key *", ns.ctypes.data)), "kvt_namespace")
         return ns
 
     def device_backend_name(self):
-        return ffi.string(lib.kvt_device_backend_name(self._ptr())).decode()
+        return ffi.string(self._call(lib.kvt_device_backend_name)).decode()
 
     def disk_backend_name(self):
-        return ffi.string(lib.kvt_disk_backend_name(self._ptr())).decode()
+        return ffi.string(self._call(lib.kvt_disk_backend_name)).decode()
 
     # Keys --------------------------------------------------------------
 
@@ -923,7 +950,7 @@ class Cache:
             if pn != 1:
                 raise ValueError("parent: one key expected")
         n = ffi.new("size_t *")
-        _check(lib.kvt_hash_tokens(self._ptr(), pp, tp if n_tokens else ffi.cast("uint32_t *", keys.ctypes.data),
+        _check(self._call(lib.kvt_hash_tokens, pp, tp if n_tokens else ffi.cast("uint32_t *", keys.ctypes.data),
                                    n_tokens, ffi.cast("kvt_key *", keys.ctypes.data), n_max, n),
                "kvt_hash_tokens")
         return keys[: n[0]]
@@ -954,7 +981,7 @@ class Cache:
         n = raw.size // key_bytes
         keys = _new_keys(n)
         if n:
-            _check(lib.kvt_keys_from_opaque(self._ptr(), ffi.cast("void *", raw.ctypes.data), key_bytes, n,
+            _check(self._call(lib.kvt_keys_from_opaque, ffi.cast("void *", raw.ctypes.data), key_bytes, n,
                                             ffi.cast("kvt_key *", keys.ctypes.data)), "kvt_keys_from_opaque")
         return keys
 
@@ -968,14 +995,14 @@ class Cache:
         res.size = ffi.sizeof("kvt_lookup_result")
         tob = np.empty(n, dtype=np.uint8) if tiers else None
         tp = ffi.cast("uint8_t *", tob.ctypes.data) if tiers and n else ffi.NULL
-        _check(lib.kvt_lookup(self._ptr(), kp, n, res, tp), "kvt_lookup")
+        _check(self._call(lib.kvt_lookup, kp, n, res, tp), "kvt_lookup")
         return LookupResult(res.n_blocks, res.n_prefix, res.n_device, res.n_host, res.n_disk, tob)
 
     def plan_request(self, keys, n_tokens):
         """The planner's advice for a request of n_tokens whose full blocks have keys."""
         kp, n, karr = _as_keys(keys)
         plan = Plan()
-        _check(lib.kvt_plan_request(self._ptr(), kp, n, n_tokens, plan._c), "kvt_plan_request")
+        _check(self._call(lib.kvt_plan_request, kp, n, n_tokens, plan._c), "kvt_plan_request")
         return plan
 
     def acquire(self, keys, tokens=None, restore=None, extra_slots=0, nowait=False, parent=None):
@@ -999,7 +1026,7 @@ class Cache:
             pp, pn, parr = _as_keys(parent)
             if pn != 1:
                 raise ValueError("parent: one key expected")
-        rc = _check(lib.kvt_acquire_after(self._ptr(), pp, kp, tp, n, n if restore is None else restore,
+        rc = _check(self._call(lib.kvt_acquire_after, pp, kp, tp, n, n if restore is None else restore,
                                           extra_slots, ACQUIRE_NOWAIT if nowait else 0, req, sp, info),
                     "kvt_acquire_after" if parent is not None else "kvt_acquire")
         ai = AcquireInfo(info.n_restore, info.n_device_hits, info.n_loading, info.n_from_disk)
@@ -1013,7 +1040,7 @@ class Cache:
         when there was nothing to copy). May block while host slots spill."""
         kp, n, karr = _as_keys(keys)
         job = ffi.new("kvt_job *")
-        rc = _check(lib.kvt_store(self._ptr(), kp, n, STORE_EVICT if evict else 0, job), "kvt_store")
+        rc = _check(self._call(lib.kvt_store, kp, n, STORE_EVICT if evict else 0, job), "kvt_store")
         return Job(self, job[0] if rc == 1 else None)
 
     def prefetch(self, keys):
@@ -1021,34 +1048,34 @@ class Cache:
         tier. Never waits; KvtError EAGAIN means ask again."""
         kp, n, karr = _as_keys(keys)
         job = ffi.new("kvt_job *")
-        rc = _check(lib.kvt_prefetch(self._ptr(), kp, n, job), "kvt_prefetch")
+        rc = _check(self._call(lib.kvt_prefetch, kp, n, job), "kvt_prefetch")
         return Job(self, job[0] if rc == 1 else None)
 
     def drain(self):
         """Waits until no transfer is in flight (evictions included)."""
-        _check(lib.kvt_drain(self._ptr()), "kvt_drain")
+        _check(self._call(lib.kvt_drain), "kvt_drain")
 
     # Cost model ----------------------------------------------------------
 
     def set_cost_model(self, model, hw=None):
         """The model (ModelDesc) and hardware (HwDesc, default HwDesc()) the planner uses."""
         hw = HwDesc() if hw is None else hw
-        _check(lib.kvt_set_cost_model(self._ptr(), model._c, hw._c), "kvt_set_cost_model")
+        _check(self._call(lib.kvt_set_cost_model, model._c, hw._c), "kvt_set_cost_model")
 
     def report_prefill(self, start, stop, seconds):
         """A measured prefill of tokens [start, stop); later plans follow it."""
-        _check(lib.kvt_report_prefill(self._ptr(), start, stop, seconds), "kvt_report_prefill")
+        _check(self._call(lib.kvt_report_prefill, start, stop, seconds), "kvt_report_prefill")
 
     def calibrated_hw(self):
         """The hardware description as calibrated so far (HwDesc)."""
         hw = HwDesc()
-        _check(lib.kvt_get_calibrated_hw(self._ptr(), hw._c), "kvt_get_calibrated_hw")
+        _check(self._call(lib.kvt_get_calibrated_hw, hw._c), "kvt_get_calibrated_hw")
         return hw
 
     def stats(self):
         """A snapshot of the counters (Stats; .to_dict() for a dict)."""
         st = Stats()
-        _check(lib.kvt_get_stats(self._ptr(), st._c), "kvt_get_stats")
+        _check(self._call(lib.kvt_get_stats, st._c), "kvt_get_stats")
         return st
 
     def metrics(self, format="prometheus"):
@@ -1061,7 +1088,7 @@ class Cache:
             cap = size[0] + 4096  # counters may gain digits between the calls
             buf = ffi.new("char[]", cap)
             size[0] = cap
-            rc = lib.kvt_metrics_write(self._ptr(), fmt, buf, size)
+            rc = self._call(lib.kvt_metrics_write, fmt, buf, size)
             if rc != -_errno.ENOBUFS:
                 _check(rc, "kvt_metrics_write")
                 return ffi.string(buf, size[0]).decode()
@@ -1097,14 +1124,14 @@ class Cache:
                     raise ValueError("register_memory: %d bytes asked of a %d-byte buffer" % (nbytes, size))
                 size = nbytes
         region = ffi.new("kvt_region *")
-        _check(lib.kvt_register_memory(self._ptr(), ffi.cast("void *", addr), size, kind, region),
+        _check(self._call(lib.kvt_register_memory, ffi.cast("void *", addr), size, kind, region),
                "kvt_register_memory")
         self._regions[region[0]] = owner
         return region[0]
 
     def unregister_memory(self, region):
         """Forgets a region (KvtError EBUSY while a job in flight uses it)."""
-        _check(lib.kvt_unregister_memory(self._ptr(), region), "kvt_unregister_memory")
+        _check(self._call(lib.kvt_unregister_memory, region), "kvt_unregister_memory")
         self._regions.pop(region, None)
 
     def exists(self, keys, parent=None, opaque=False, tiers=False):
@@ -1118,7 +1145,7 @@ class Cache:
         res.size = ffi.sizeof("kvt_lookup_result")
         tob = np.empty(n, dtype=np.uint8) if tiers else None
         tp = ffi.cast("uint8_t *", tob.ctypes.data) if tiers and n else ffi.NULL
-        _check(lib.kvt_exists(self._ptr(), pp, kp, n, KEYS_OPAQUE if opaque else 0, res, tp), "kvt_exists")
+        _check(self._call(lib.kvt_exists, pp, kp, n, KEYS_OPAQUE if opaque else 0, res, tp), "kvt_exists")
         return LookupResult(res.n_blocks, res.n_prefix, res.n_device, res.n_host, res.n_disk, tob)
 
     def _parent(self, parent):
@@ -1146,7 +1173,7 @@ class Cache:
         b.max_blocks, b.flags = max_blocks, KEYS_OPAQUE if opaque else 0
         job = ffi.new("kvt_job *")
         call = "kvt_put_from" if kind == "put" else "kvt_get_into"
-        _check((lib.kvt_put_from if kind == "put" else lib.kvt_get_into)(self._ptr(), b, job), call)
+        _check(self._call(lib.kvt_put_from if kind == "put" else lib.kvt_get_into, b, job), call)
         sj = StorageJob(self, job[0], n, kind, owners)
         self._storage_jobs[job[0]] = sj
         return sj
@@ -1174,7 +1201,7 @@ class Cache:
         flight are kept); returns how many were removed. May block."""
         kp, n, karr = _as_keys(keys)
         out = ffi.new("size_t *")
-        _check(lib.kvt_remove(self._ptr(), kp, n, out), "kvt_remove")
+        _check(self._call(lib.kvt_remove, kp, n, out), "kvt_remove")
         return out[0]
 
     def storage_collect(self, max_jobs=64):
@@ -1189,7 +1216,7 @@ class Cache:
         status = ffi.new("int[]", max_jobs)
         n = ffi.new("size_t *")
         while True:
-            _check(lib.kvt_storage_collect(self._ptr(), jobs, status, max_jobs, n), "kvt_storage_collect")
+            _check(self._call(lib.kvt_storage_collect, jobs, status, max_jobs, n), "kvt_storage_collect")
             for i in range(n[0]):
                 job = self._storage_jobs.get(jobs[i])
                 if job is None:  # started through the raw lib: wrap it

@@ -79,3 +79,41 @@ def test_wait_timeout_of_the_wrong_type(cache):
 def test_log_handler_is_checked():
     with pytest.raises(TypeError):
         kvtier.set_log_handler("bogus")  # used to be installed, then fail on every message
+
+
+def test_close_waits_for_calls_in_other_threads():
+    # close() while other threads are inside calls must neither free the cache
+    # under them (a crash) nor hang; calls made after it raise ValueError.
+    import threading
+
+    for _ in range(30):
+        c = kvtier.Cache(model_fingerprint="edges-close@v1", device=kvtier.Device.HOST,
+                         host_blocks=16)
+        c.register_storage(SEG, num_layers=2, segments_per_layer=2)
+        keys, data = stored(c)
+        ended = []
+
+        def worker(i):
+            out = bytearray(BLOCK)
+            try:
+                while True:
+                    if i % 3 == 0:
+                        c.exists(keys)
+                    elif i % 3 == 1:
+                        with c.get_into(keys, [out]) as job:
+                            job.wait()
+                    else:
+                        c.stats()
+            except ValueError as e:  # the cache is closed
+                ended.append(str(e))
+            except Exception as e:  # noqa: BLE001 - anything else is a failure
+                ended.append("unexpected %r" % (e,))
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        c.close()
+        for t in threads:
+            t.join(timeout=60)
+            assert not t.is_alive()
+        assert len(ended) == 4 and all("closed" in e for e in ended), ended
