@@ -5,11 +5,18 @@
 # nvcc compiles through the host C++ compiler. KVT_CUDA=0 leaves CUDA out.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
-pkgs=(liburing-dev libxxhash-dev libcmocka-dev libcjson-dev pkg-config cmake make gcc)
+# libhiredis-dev: the remote tier's client library (without it the remote
+# tier is compiled out).
+pkgs=(liburing-dev libxxhash-dev libcmocka-dev libcjson-dev libhiredis-dev pkg-config cmake make gcc)
 # --test: clang for the fuzzers, python3-venv for the Python package's tests;
 # g++ for llama.cpp; python3-dev, libssl-dev and ninja-build for the C++
-# extension SGLang builds on first use (its storage key hash).
-if [[ "${1:-}" == "--test" ]]; then pkgs+=(clang libclang-rt-14-dev python3 python3-venv g++ python3-dev libssl-dev ninja-build); fi
+# extension SGLang builds on first use (its storage key hash); redis-server
+# and redis-tools (redis-cli) for the remote tier's tests, which start their
+# own servers.
+if [[ "${1:-}" == "--test" ]]; then
+  pkgs+=(clang libclang-rt-14-dev python3 python3-venv g++ python3-dev libssl-dev ninja-build
+         redis-server redis-tools)
+fi
 if kvt_cuda_wanted && [[ -n "$(kvt_nvcc)" ]]; then pkgs+=(g++); fi
 missing=()
 for p in "${pkgs[@]}"; do
@@ -28,6 +35,21 @@ else
   exit 1
 fi
 export DEBIAN_FRONTEND=noninteractive
+# redis-server's postinst starts the system's service (invoke-rc.d): in a
+# chroot or a container without an init that may fail the install, and
+# elsewhere it leaves a server on port 6379 that nothing here uses. A
+# policy-rc.d answering 101 (action not allowed) makes invoke-rc.d skip the
+# start, as Debian's own container images do; ours is removed afterwards, an
+# existing one is left as it is.
+policy=/usr/sbin/policy-rc.d
+own_policy=""
+if [[ " ${missing[*]} " == *" redis-server "* && ! -e $policy ]]; then
+  printf '#!/bin/sh\n# kvtier deps.sh: no service starts while it installs packages\nexit 101\n' |
+    $sudo tee "$policy" >/dev/null
+  $sudo chmod 755 "$policy"
+  own_policy=$policy
+  trap '$sudo rm -f "$own_policy"' EXIT
+fi
 log=$(mktemp)
 if ! { $sudo apt-get update -qq && $sudo apt-get install -y -qq "${missing[@]}"; } >"$log" 2>&1; then
   cat "$log" >&2

@@ -1,0 +1,549 @@
+/* A node's connection threads: each takes a batch off the node's FIFO,
+ * writes it as one pipeline and reads the replies in order, all against one
+ * deadline (timeout_ms from the start of the round trip). hiredis connects,
+ * authenticates and parses; the writes are ours (writev straight from the
+ * records), and a GET's bulk string is parsed into the caller's record. */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "remote/remote_internal.h"
+#include "store/disk_store.h"
+#include "util/clock.h"
+#include "util/log.h"
+
+#define RM_HDR_BYTES 256u /* one command's header: "*3\r\n$3\r\nSET\r\n$len\r\nkey\r\n$len\r\n" */
+
+static char rm_bulk_marker; /* the reply object of a GET parsed into its record */
+static _Thread_local rm_conn *tl_conn;
+
+/* ---- connecting ---- */
+
+static struct timeval ms_tv(uint32_t ms) {
+  struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
+  return tv;
+}
+
+static int ctx_status(const redisContext *c) {
+  return strstr(c->errstr, "timed out") || strstr(c->errstr, "temporarily unavailable") ? KVT_ETIMEDOUT
+                                                                                       : KVT_EREMOTE;
+}
+
+int kvt__rm_connect(kvt__remote *r, const char *host, int port, redisContext **out, char *err,
+                    size_t errlen) {
+  *out = NULL;
+  redisContext *c = redisConnectWithTimeout(host, port, ms_tv(r->timeout_ms));
+  if (!c) {
+    snprintf(err, errlen, "%s:%d: out of memory", host, port);
+    return KVT_EREMOTE;
+  }
+  int rc = 0;
+  if (c->err) {
+    snprintf(err, errlen, "%s:%d: %s", host, port, c->errstr);
+    rc = ctx_status(c);
+  } else if (redisSetTimeout(c, ms_tv(r->timeout_ms)) != REDIS_OK) {
+    snprintf(err, errlen, "%s:%d: %s", host, port, c->errstr);
+    rc = KVT_EREMOTE;
+  } else if (r->password) {
+    const char *argv[3] = {"AUTH", r->user ? r->user : r->password, r->password};
+    size_t lens[3] = {4, strlen(argv[1]), strlen(r->password)};
+    int argc = r->user ? 3 : 2;
+    redisReply *rep = redisCommandArgv(c, argc, argv, lens);
+    if (!rep) {
+      snprintf(err, errlen, "%s:%d: AUTH: %s", host, port, c->errstr);
+      rc = ctx_status(c);
+    } else if (rep->type == REDIS_REPLY_ERROR) {
+      /* The server's words name no secret ("WRONGPASS invalid username-password pair"). */
+      snprintf(err, errlen, "%s:%d: credentials refused: %s", host, port, rep->str);
+      rc = KVT_EAUTH;
+    }
+    if (rep) freeReplyObject(rep);
+  }
+  if (rc) {
+    redisFree(c);
+    return rc;
+  }
+  *out = c;
+  return 0;
+}
+
+/* ---- the reader hook: a GET's bulk string goes straight into its record ---- */
+
+static void *rd_string(const redisReadTask *t, char *s, size_t len) {
+  rm_conn *cn = tl_conn;
+  if (cn->cur_get && t->type == REDIS_REPLY_STRING && !t->parent) {
+    rm_op *op = cn->cur_get;
+    op->bulk_len = len;
+    if (len == cn->node->r->rec_bytes) memcpy(op->rec, s, len);
+    return &rm_bulk_marker;
+  }
+  return cn->dflt->createString(t, s, len);
+}
+
+static void rd_free(void *p) {
+  if (p != &rm_bulk_marker) freeReplyObject(p);
+}
+
+static void reply_free(void *p) { rd_free(p); }
+
+static int conn_open(rm_conn *cn) {
+  kvt__remote *r = cn->node->r;
+  char err[256];
+  redisContext *c;
+  int rc = kvt__rm_connect(r, cn->node->host, cn->node->port, &c, err, sizeof err);
+  if (rc) return rc;
+  int fl = fcntl(c->fd, F_GETFL);
+  if (fl < 0 || fcntl(c->fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+    redisFree(c);
+    return KVT_EREMOTE;
+  }
+  c->flags &= ~REDIS_BLOCK;
+  cn->dflt = c->reader->fn;
+  cn->fns = *cn->dflt;
+  cn->fns.createString = rd_string;
+  cn->fns.freeObject = rd_free;
+  c->reader->fn = &cn->fns;
+  c->reader->maxbuf = 0; /* keep the buffer a 2 MiB record grew */
+  cn->ctx = c;
+  return 0;
+}
+
+static void conn_drop(rm_conn *cn) {
+  if (cn->ctx) redisFree(cn->ctx);
+  cn->ctx = NULL;
+}
+
+/* ---- node health ---- */
+
+int kvt__rm_node_usable(rm_node *n, int64_t now) {
+  pthread_mutex_lock(&n->mu);
+  int ok = !n->degraded || now >= n->retry_at_ns;
+  pthread_mutex_unlock(&n->mu);
+  return ok;
+}
+
+/* 1 if this batch may go: the node is healthy, or its backoff is over and
+ * this batch is the one probe (others fail at once until it ends). */
+static int node_admit(rm_node *n, int64_t now) {
+  pthread_mutex_lock(&n->mu);
+  int ok = !n->degraded;
+  if (!ok && now >= n->retry_at_ns) {
+    n->retry_at_ns = now + (int64_t)n->r->timeout_ms * 1000000;
+    ok = 1;
+  }
+  pthread_mutex_unlock(&n->mu);
+  return ok;
+}
+
+static void node_ok(rm_node *n) {
+  pthread_mutex_lock(&n->mu);
+  int was = n->degraded;
+  n->degraded = 0;
+  n->backoff_ms = 0;
+  pthread_mutex_unlock(&n->mu);
+  if (was) kvt__log(KVT_LOG_INFO, "remote tier: %s:%d answers again", n->host, n->port);
+}
+
+static void node_failed(rm_node *n, int status, const char *why) {
+  kvt__remote *r = n->r;
+  pthread_mutex_lock(&n->mu);
+  int was = n->degraded;
+  uint32_t b = was ? n->backoff_ms * 2 : r->backoff_min_ms;
+  if (b > r->backoff_max_ms) b = r->backoff_max_ms;
+  if (b < r->backoff_min_ms) b = r->backoff_min_ms;
+  n->backoff_ms = b;
+  n->degraded = 1;
+  n->retry_at_ns = kvt__now_ns() + (int64_t)b * 1000000;
+  pthread_mutex_unlock(&n->mu);
+  if (!was)
+    kvt__log(KVT_LOG_WARN, "remote tier: %s:%d %s (%s): its blocks are misses, retried in %u ms", n->host,
+             n->port, status == KVT_ETIMEDOUT ? "timed out" : "failed", why, b);
+  kvt__rm_want_refresh(r);
+}
+
+/* ---- one round trip ---- */
+
+/* Waits for events on fd until the deadline: the revents, or 0 at the deadline. */
+static int wait_fd(int fd, short events, int64_t deadline) {
+  for (;;) {
+    int64_t left = deadline - kvt__now_ns();
+    if (left <= 0) return 0;
+    struct pollfd p = {fd, events, 0};
+    int rc = poll(&p, 1, (int)((left + 999999) / 1000000));
+    if (rc > 0) return p.revents;
+    if (rc < 0 && errno != EINTR) return POLLERR;
+  }
+}
+
+/* Reads what the socket has into the reader: 1 read something, 0 nothing
+ * yet, or a negative status (closed, error). */
+static int read_some(rm_conn *cn) {
+  ssize_t got = read(cn->ctx->fd, cn->rbuf, RM_READ_CHUNK);
+  if (got > 0) {
+    if (redisReaderFeed(cn->ctx->reader, cn->rbuf, (size_t)got) != REDIS_OK) return KVT_EREMOTE;
+    RM_ADD(cn->node->r, bytes_read, (uint64_t)got);
+    return 1;
+  }
+  if (got == 0) return KVT_EREMOTE;
+  return errno == EAGAIN || errno == EINTR ? 0 : KVT_EREMOTE;
+}
+
+static int write_all(rm_conn *cn, struct iovec *iov, int niov, int64_t deadline) {
+  int fd = cn->ctx->fd;
+  while (niov > 0) {
+    ssize_t w = writev(fd, iov, niov < IOV_MAX ? niov : IOV_MAX);
+    if (w > 0) {
+      RM_ADD(cn->node->r, bytes_written, (uint64_t)w);
+      while (niov > 0 && (size_t)w >= iov->iov_len) {
+        w -= (ssize_t)iov->iov_len;
+        iov++;
+        niov--;
+      }
+      if (niov > 0) {
+        iov->iov_base = (char *)iov->iov_base + w;
+        iov->iov_len -= (size_t)w;
+      }
+      continue;
+    }
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && errno != EAGAIN) return KVT_EREMOTE;
+    /* Replies may fill the other direction meanwhile: take them in. */
+    int ev = wait_fd(fd, POLLOUT | POLLIN, deadline);
+    if (ev == 0) return KVT_ETIMEDOUT;
+    if (ev & POLLIN) {
+      int rc = read_some(cn);
+      if (rc < 0) return rc;
+    }
+  }
+  return 0;
+}
+
+/* The next reply (get: parsed into op's record), or NULL with *status. */
+static void *next_reply(rm_conn *cn, rm_op *get, int64_t deadline, int *status) {
+  for (;;) {
+    void *rep = NULL;
+    cn->cur_get = get;
+    int rc = redisReaderGetReply(cn->ctx->reader, &rep);
+    cn->cur_get = NULL;
+    if (rc != REDIS_OK) {
+      *status = KVT_EREMOTE;
+      return NULL;
+    }
+    if (rep) return rep;
+    rc = read_some(cn);
+    if (rc < 0) {
+      *status = rc;
+      return NULL;
+    }
+    if (rc == 0 && wait_fd(cn->ctx->fd, POLLIN, deadline) == 0) {
+      *status = KVT_ETIMEDOUT;
+      return NULL;
+    }
+  }
+}
+
+static size_t put_header(char *h, const char *fmt_head, const char *key, size_t klen) {
+  return (size_t)snprintf(h, RM_HDR_BYTES, "%s$%zu\r\n%s\r\n", fmt_head, klen, key);
+}
+
+/* The commands of ops[0..n) as iovecs (4 at most per op). */
+static int build_iov(rm_conn *cn, rm_op **ops, uint32_t n) {
+  static const char asking[] = "*1\r\n$6\r\nASKING\r\n";
+  static const char crlf[] = "\r\n";
+  kvt__remote *r = cn->node->r;
+  int niov = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    rm_op *op = ops[i];
+    char *h = cn->hdrs + (size_t)i * RM_HDR_BYTES;
+    char key[RM_KEY_MAX];
+    size_t klen = kvt__rm_key(r, &op->key, key), hl = 0;
+    if (op->asking) cn->iov[niov++] = (struct iovec){(void *)asking, sizeof asking - 1};
+    switch (op->kind) {
+    case RM_GET: hl = put_header(h, "*2\r\n$3\r\nGET\r\n", key, klen); break;
+    case RM_EXISTS: hl = put_header(h, "*2\r\n$6\r\nEXISTS\r\n", key, klen); break;
+    case RM_DEL: hl = put_header(h, "*2\r\n$3\r\nDEL\r\n", key, klen); break;
+    case RM_PUT:
+      hl = put_header(h, "*3\r\n$3\r\nSET\r\n", key, klen);
+      hl += (size_t)snprintf(h + hl, RM_HDR_BYTES - hl, "$%zu\r\n", r->rec_bytes);
+      break;
+    }
+    cn->iov[niov++] = (struct iovec){h, hl};
+    if (op->kind == RM_PUT) {
+      cn->iov[niov++] = (struct iovec){op->rec, r->rec_bytes};
+      cn->iov[niov++] = (struct iovec){(void *)crlf, 2};
+    }
+  }
+  return niov;
+}
+
+/* A get's status from the bytes the reader put in its record. */
+static int check_get(kvt__remote *r, rm_op *op) {
+  if (op->bulk_len != r->rec_bytes) return KVT_ECORRUPT;
+  int rc = kvt__record_check(op->rec, r->rec_bytes, &r->ns, r->block_tokens, r->payload_bytes, &op->key, 1,
+                             NULL);
+  return rc == KVT_EMISS ? KVT_ECORRUPT : rc; /* zeros under our key: garbage */
+}
+
+/* Follows MOVED / ASK: 1 if the op went on to another node. */
+static int redirect(rm_conn *cn, rm_op *op, const char *msg, int ask) {
+  kvt__remote *r = cn->node->r;
+  const char *sp = strchr(msg, ' ');
+  const char *addr = sp ? strchr(sp + 1, ' ') : NULL;
+  const char *colon = addr ? strrchr(addr, ':') : NULL;
+  if (!colon) return 0;
+  char host[RM_HOST_MAX];
+  size_t hl = (size_t)(colon - addr - 1);
+  if (hl >= sizeof host) return 0;
+  memcpy(host, addr + 1, hl);
+  host[hl] = 0;
+  if (!hl) snprintf(host, sizeof host, "%s", cn->node->host);
+  int port = atoi(colon + 1);
+  if (port <= 0 || port > 65535 || ++op->redirects > RM_MAX_REDIRECTS) return 0;
+  rm_node *t = kvt__rm_node_get(r, host, port);
+  if (!t) return 0;
+  if (ask) {
+    RM_ADD(r, ask, 1);
+    op->asking = 1;
+  } else {
+    RM_ADD(r, moved, 1);
+    op->asking = 0;
+    atomic_store(&t->in_map, 1);
+    atomic_store_explicit(&r->slots[op->slot], (uint16_t)(t->index + 1), memory_order_relaxed);
+    kvt__rm_want_refresh(r);
+  }
+  if (!kvt__rm_node_usable(t, kvt__now_ns())) return 0;
+  op->next = NULL;
+  kvt__rm_node_push(t, op, op);
+  return 1;
+}
+
+static int error_status(rm_conn *cn, rm_op *op, const char *msg) {
+  if (strncmp(msg, "MOVED ", 6) == 0 || strncmp(msg, "ASK ", 4) == 0)
+    return redirect(cn, op, msg, msg[1] == 'S') ? 1 : KVT_EREMOTE;
+  if (strncmp(msg, "OOM", 3) == 0) return KVT_ENOSPACE;
+  if (strncmp(msg, "LOADING", 7) == 0 || strncmp(msg, "CLUSTERDOWN", 11) == 0 ||
+      strncmp(msg, "TRYAGAIN", 8) == 0 || strncmp(msg, "MASTERDOWN", 10) == 0)
+    node_failed(cn->node, KVT_EREMOTE, msg);
+  return KVT_EREMOTE;
+}
+
+/* Completes op from its reply (or passes it on to another node). */
+static void handle_reply(rm_conn *cn, rm_op *op, void *rep, int asking_ok) {
+  kvt__remote *r = cn->node->r;
+  int st = KVT_EREMOTE;
+  if (rep == &rm_bulk_marker) {
+    st = check_get(r, op);
+  } else {
+    redisReply *x = rep;
+    if (x->type == REDIS_REPLY_ERROR) {
+      st = error_status(cn, op, x->str);
+      if (st == 1) {
+        freeReplyObject(x);
+        return;
+      }
+    } else if (x->type == REDIS_REPLY_NIL) {
+      st = op->kind == RM_GET ? KVT_EMISS : op->kind == RM_EXISTS ? 0 : KVT_EREMOTE;
+    } else if (x->type == REDIS_REPLY_STATUS && op->kind == RM_PUT) {
+      st = strcmp(x->str, "OK") == 0 ? 0 : KVT_EREMOTE;
+    } else if (x->type == REDIS_REPLY_INTEGER && (op->kind == RM_EXISTS || op->kind == RM_DEL)) {
+      st = x->integer > 0;
+    }
+    freeReplyObject(x);
+  }
+  if (!asking_ok && st >= 0) st = KVT_EREMOTE;
+  kvt__rm_complete(r, op, st);
+}
+
+/* Writes ops as one pipeline and completes each from its reply; the node
+ * counts as healthy from its first reply on. Returns 0, or the status of a
+ * failed connection with *answered the ops completed before it failed. */
+static int round_trip(rm_conn *cn, rm_op **ops, uint32_t n, uint32_t *answered) {
+  kvt__remote *r = cn->node->r;
+  int64_t deadline = kvt__now_ns() + (int64_t)r->timeout_ms * 1000000;
+  for (uint32_t i = 0; i < n; i++)
+    if (ops[i]->kind == RM_PUT)
+      kvt__record_seal(ops[i]->rec, &r->ns, r->block_tokens, r->payload_bytes,
+                       atomic_fetch_add_explicit(&r->seq, 1, memory_order_relaxed));
+  int niov = build_iov(cn, ops, n);
+  int rc = write_all(cn, cn->iov, niov, deadline);
+  uint32_t i = 0;
+  for (; rc == 0 && i < n; i++) {
+    rm_op *op = ops[i];
+    int asking_ok = 1;
+    void *rep;
+    if (op->asking) {
+      if (!(rep = next_reply(cn, NULL, deadline, &rc))) break;
+      asking_ok = ((redisReply *)rep)->type == REDIS_REPLY_STATUS;
+      reply_free(rep);
+      op->asking = 0;
+    }
+    if (!(rep = next_reply(cn, op->kind == RM_GET ? op : NULL, deadline, &rc))) break;
+    if (i == 0) node_ok(cn->node);
+    handle_reply(cn, op, rep, asking_ok);
+  }
+  *answered = i;
+  return rc;
+}
+
+static void fail_all(kvt__remote *r, rm_op **ops, uint32_t n, int status) {
+  for (uint32_t i = 0; i < n; i++) kvt__rm_complete(r, ops[i], status);
+}
+
+static void run_batch(rm_conn *cn, rm_op **ops, uint32_t n) {
+  rm_node *node = cn->node;
+  kvt__remote *r = node->r;
+  if (!node_admit(node, kvt__now_ns())) {
+    fail_all(r, ops, n, KVT_EREMOTE);
+    return;
+  }
+  if (!cn->ctx) {
+    int rc = conn_open(cn);
+    if (rc) {
+      node_failed(node, rc, rc == KVT_ETIMEDOUT ? "connect timed out" : "cannot connect");
+      fail_all(r, ops, n, rc);
+      return;
+    }
+    if (cn->connected_once) RM_ADD(r, reconnects, 1);
+    cn->connected_once = 1;
+  }
+  uint32_t answered;
+  int rc = round_trip(cn, ops, n, &answered);
+  if (rc) {
+    conn_drop(cn); /* replies still due would answer the next batch's commands */
+    node_failed(node, rc, rc == KVT_ETIMEDOUT ? "no reply within the timeout" : "connection lost");
+    fail_all(r, ops + answered, n - answered, rc);
+  }
+}
+
+static void *conn_main(void *arg) {
+  rm_conn *cn = arg;
+  rm_node *n = cn->node;
+  kvt__remote *r = n->r;
+  tl_conn = cn;
+  rm_op **batch = malloc(sizeof *batch * r->max_batch);
+  for (;;) {
+    pthread_mutex_lock(&n->mu);
+    while (!n->head && !atomic_load(&r->stopping)) pthread_cond_wait(&n->cv, &n->mu);
+    if (atomic_load(&r->stopping) || !batch) {
+      pthread_mutex_unlock(&n->mu);
+      break;
+    }
+    uint32_t k = 0;
+    while (n->head && k < r->max_batch) {
+      batch[k++] = n->head;
+      n->head = n->head->next;
+    }
+    if (!n->head) n->tail = NULL;
+    if (n->head) pthread_cond_signal(&n->cv); /* more for another connection */
+    pthread_mutex_unlock(&n->mu);
+    run_batch(cn, batch, k);
+  }
+  conn_drop(cn);
+  free(batch);
+  return NULL;
+}
+
+/* ---- the node table ---- */
+
+rm_node *kvt__rm_node_at(kvt__remote *r, uint32_t index) {
+  return atomic_load_explicit(&r->nodes[index], memory_order_acquire);
+}
+
+void kvt__rm_node_push(rm_node *n, rm_op *head, rm_op *tail) {
+  tail->next = NULL;
+  pthread_mutex_lock(&n->mu);
+  if (n->tail)
+    n->tail->next = head;
+  else
+    n->head = head;
+  n->tail = tail;
+  pthread_cond_signal(&n->cv);
+  pthread_mutex_unlock(&n->mu);
+}
+
+static rm_node *node_new(kvt__remote *r, uint32_t index, const char *host, int port) {
+  rm_node *n = calloc(1, sizeof *n);
+  if (!n) return NULL;
+  n->r = r;
+  n->index = index;
+  snprintf(n->host, sizeof n->host, "%s", host);
+  n->port = port;
+  pthread_mutex_init(&n->mu, NULL);
+  pthread_cond_init(&n->cv, NULL);
+  atomic_init(&n->in_map, 1);
+  n->conns = calloc(r->conns_per_node, sizeof *n->conns);
+  if (!n->conns) {
+    kvt__rm_node_free(n);
+    return NULL;
+  }
+  for (uint32_t i = 0; i < r->conns_per_node; i++) {
+    rm_conn *cn = &n->conns[i];
+    cn->node = n;
+    cn->rbuf = malloc(RM_READ_CHUNK);
+    cn->hdrs = malloc((size_t)r->max_batch * RM_HDR_BYTES);
+    cn->iov = malloc(sizeof *cn->iov * 4 * r->max_batch);
+    if (!cn->rbuf || !cn->hdrs || !cn->iov || pthread_create(&cn->thread, NULL, conn_main, cn) != 0) break;
+    cn->started = 1;
+    n->nconns++;
+  }
+  if (n->nconns == 0) {
+    kvt__rm_node_free(n);
+    return NULL;
+  }
+  return n;
+}
+
+rm_node *kvt__rm_node_get(kvt__remote *r, const char *host, int port) {
+  pthread_mutex_lock(&r->nodes_mu);
+  uint32_t nn = atomic_load_explicit(&r->nnodes, memory_order_relaxed);
+  rm_node *found = NULL;
+  for (uint32_t i = 0; i < nn && !found; i++) {
+    rm_node *n = kvt__rm_node_at(r, i);
+    if (n->port == port && strcmp(n->host, host) == 0) found = n;
+  }
+  if (!found && nn < RM_MAX_NODES && !atomic_load(&r->stopping)) {
+    found = node_new(r, nn, host, port);
+    if (found) {
+      atomic_store_explicit(&r->nodes[nn], found, memory_order_release);
+      atomic_store_explicit(&r->nnodes, nn + 1, memory_order_release);
+    }
+  }
+  pthread_mutex_unlock(&r->nodes_mu);
+  return found;
+}
+
+void kvt__rm_node_stop(rm_node *n) {
+  pthread_mutex_lock(&n->mu);
+  pthread_cond_broadcast(&n->cv);
+  pthread_mutex_unlock(&n->mu);
+  for (uint32_t i = 0; i < n->r->conns_per_node; i++)
+    if (n->conns[i].started) {
+      pthread_join(n->conns[i].thread, NULL);
+      n->conns[i].started = 0;
+    }
+}
+
+void kvt__rm_node_free(rm_node *n) {
+  if (!n) return;
+  while (n->head) {
+    rm_op *op = n->head;
+    n->head = op->next;
+    kvt__rm_complete(n->r, op, KVT_EREMOTE);
+  }
+  if (n->conns)
+    for (uint32_t i = 0; i < n->r->conns_per_node; i++) {
+      free(n->conns[i].rbuf);
+      free(n->conns[i].hdrs);
+      free(n->conns[i].iov);
+    }
+  free(n->conns);
+  pthread_mutex_destroy(&n->mu);
+  pthread_cond_destroy(&n->cv);
+  free(n);
+}
