@@ -261,12 +261,11 @@ static rm_node *route(kvt__remote *r, const kvt_key *key, uint16_t *slot, int8_t
     return NULL;
   }
   rm_node *n = kvt__rm_node_at(r, idx - 1u);
-  if (usable[idx - 1] < 0) usable[idx - 1] = (int8_t)kvt__rm_node_usable(n, now);
-  if (!usable[idx - 1]) {
-    kvt__rm_want_refresh(r); /* after a failover the slot has another owner */
-    return NULL;
+  if (usable[idx - 1] < 0) {
+    usable[idx - 1] = (int8_t)kvt__rm_node_usable(n, now);
+    if (!usable[idx - 1]) kvt__rm_want_refresh(r); /* after a failover the slot has another owner */
   }
-  return n;
+  return usable[idx - 1] ? n : NULL;
 }
 
 typedef struct rm_lists {
