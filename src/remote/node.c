@@ -1,7 +1,7 @@
 /* A node's connection threads: each takes a batch off the node's FIFO,
  * writes it as one pipeline and reads the replies in order, all against one
  * deadline (timeout_ms from the start of the round trip). hiredis connects
- * and authenticates; the data path is ours: commands go out with writev
+ * and authenticates; the data path is ours: commands go out in one gathered send
  * straight from the records, and a GET's bulk string is read from the
  * socket straight into the caller's record (hiredis's reader would copy it
  * into its buffer, then into a reply object: two more passes over 2 MiB).
@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -191,7 +192,9 @@ static int fill(rm_conn *cn, int64_t deadline) {
 static int write_all(rm_conn *cn, struct iovec *iov, int niov, int64_t deadline) {
   int fd = cn->ctx->fd;
   while (niov > 0) {
-    ssize_t w = writev(fd, iov, niov < IOV_MAX ? niov : IOV_MAX);
+    /* sendmsg, not writev: MSG_NOSIGNAL, a server gone is no SIGPIPE for the engine */
+    struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)(niov < IOV_MAX ? niov : IOV_MAX)};
+    ssize_t w = sendmsg(fd, &m, MSG_NOSIGNAL);
     if (w > 0) {
       RM_ADD(cn->node->r, bytes_written, (uint64_t)w);
       while (niov > 0 && (size_t)w >= iov->iov_len) {

@@ -4,7 +4,7 @@
  * Shape: every node (one server, or one cluster master) has a FIFO of ops
  * guarded by its mutex and conns_per_node threads, each owning one hiredis
  * connection. A thread takes up to max_batch ops at once, writes them as one
- * pipeline (writev, no copy of the values) and parses the replies in order,
+ * pipeline (one gathered send, no copy of the values) and parses the replies in order,
  * a GET's bulk string read from the socket into the caller's record. Redirected ops are
  * pushed onto the target node's FIFO. A refresh thread (cluster only) reloads
  * the slot map when asked to. */
