@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,34 @@
 #include "util/log.h"
 
 #define RM_HDR_BYTES 256u /* one command's header: "*3\r\n$3\r\nSET\r\n$len\r\nkey\r\n$len\r\n" */
+
+/* ---- SIGPIPE ----
+ * hiredis writes AUTH and CLUSTER SLOTS with write(): to a server that has
+ * just closed the connection (maxclients, a restart) that raises SIGPIPE,
+ * which by default kills the process. The client's own threads block it for
+ * their lifetime; a caller's thread (open) blocks it around the calls and
+ * takes back a SIGPIPE they raised. */
+
+void kvt__rm_sigpipe_off(kvt__rm_sigpipe *s) {
+  sigset_t pend, pipe;
+  sigemptyset(&pipe);
+  sigaddset(&pipe, SIGPIPE);
+  sigpending(&pend);
+  s->was_pending = sigismember(&pend, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe, &s->old);
+}
+
+void kvt__rm_sigpipe_on(const kvt__rm_sigpipe *s) {
+  sigset_t pend, pipe;
+  sigemptyset(&pipe);
+  sigaddset(&pipe, SIGPIPE);
+  sigpending(&pend);
+  if (!s->was_pending && sigismember(&pend, SIGPIPE)) {
+    struct timespec zero = {0, 0};
+    sigtimedwait(&pipe, NULL, &zero);
+  }
+  pthread_sigmask(SIG_SETMASK, &s->old, NULL);
+}
 
 /* ---- connecting ---- */
 
@@ -481,6 +510,8 @@ static void *conn_main(void *arg) {
   rm_conn *cn = arg;
   rm_node *n = cn->node;
   kvt__remote *r = n->r;
+  kvt__rm_sigpipe sp;
+  kvt__rm_sigpipe_off(&sp); /* for the thread's life */
   rm_op **batch = malloc(sizeof *batch * r->max_batch);
   for (;;) {
     pthread_mutex_lock(&n->mu);

@@ -528,7 +528,12 @@ int kvt__remote_open(const kvt__remote_cfg *cfg, kvt__remote **out) {
   pthread_cond_init(&r->refresh_cv, NULL);
   pthread_mutex_init(&r->free_mu, NULL);
   int rc = copy_cfg(r, cfg);
-  if (!rc) rc = discover(r, cfg);
+  if (!rc) {
+    kvt__rm_sigpipe sp;
+    kvt__rm_sigpipe_off(&sp);
+    rc = discover(r, cfg);
+    kvt__rm_sigpipe_on(&sp);
+  }
   if (!rc && r->cluster) {
     if (pthread_create(&r->refresh_thread, NULL, kvt__rm_refresh_main, r) == 0)
       r->refresh_started = 1;

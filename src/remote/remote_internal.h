@@ -12,6 +12,7 @@
 #define KVT_REMOTE_INTERNAL_H
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 
@@ -138,6 +139,14 @@ struct kvt__remote {
 };
 
 #define RM_ADD(r, f, v) atomic_fetch_add_explicit(&(r)->st.f, (v), memory_order_relaxed)
+
+/* node.c: SIGPIPE blocked in this thread until _on (see node.c). */
+typedef struct kvt__rm_sigpipe {
+  sigset_t old;
+  int was_pending;
+} kvt__rm_sigpipe;
+void kvt__rm_sigpipe_off(kvt__rm_sigpipe *s);
+void kvt__rm_sigpipe_on(const kvt__rm_sigpipe *s);
 
 /* slots.c */
 uint16_t kvt__rm_slot(const char *key, size_t len);
