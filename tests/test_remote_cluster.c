@@ -29,9 +29,11 @@ static int teardown_cluster(void **state) {
   return 0;
 }
 
-static kvt__remote *cluster_client(const rf_geom *g) {
+/* timeout_ms: long where no fault is expected (a loaded machine must not
+ * make one), short where a node dies. */
+static kvt__remote *cluster_client(const rf_geom *g, uint32_t timeout_ms) {
   kvt__remote_cfg cfg = rf_cfg(url, NS, g);
-  cfg.timeout_ms = 500;
+  cfg.timeout_ms = timeout_ms;
   cfg.backoff_min_ms = 20;
   cfg.backoff_max_ms = 200;
   return rf_open(&cfg);
@@ -55,7 +57,7 @@ static void slots_agree(void **state) {
 /* 60 blocks land on all 3 masters and come back byte for byte. */
 static void keys_spread(void **state) {
   rf_geom g = rf_geometry(16, 64 * 1024);
-  kvt__remote *r = cluster_client(&g);
+  kvt__remote *r = cluster_client(&g, 10000);
   enum { N = 60 };
   void *recs[N];
   kvt_key keys[N];
@@ -103,7 +105,7 @@ static void node_id(int i, char *id, size_t cap) {
  * belongs to the target, the source answers MOVED and the client learns. */
 static void migration_moved_ask(void **state) {
   rf_geom g = rf_geometry(16, 4096);
-  kvt__remote *r = cluster_client(&g);
+  kvt__remote *r = cluster_client(&g, 10000);
   /* two blocks in one slot */
   kvt_key k[2];
   char ks[2][128];
@@ -280,7 +282,7 @@ static void master_killed(void **state) {
   runner u;
   memset(&u, 0, sizeof u);
   u.g = rf_geometry(16, 64 * 1024);
-  u.r = cluster_client(&u.g);
+  u.r = cluster_client(&u.g, 1000);
   pthread_t th;
   assert_int_equal(pthread_create(&th, NULL, run_main, &u), 0);
   while (atomic_load(&u.rounds) < 3 && !atomic_load(&u.bad)) rf_sleep_ms(10);
