@@ -63,7 +63,9 @@ typedef struct kvt__remote_cfg {
 
 /* Connects to a seed, authenticates, learns the topology. Returns 0,
  * KVT_EREMOTE (no seed reachable; detail says why), KVT_EAUTH (the server
- * refused the credentials), -EINVAL (bad URL or cfg), -ENOMEM. */
+ * refused the credentials), -EINVAL (bad URL or cfg), -ENOMEM, or
+ * KVT_EUNSUPPORTED in a build without hiredis. May block (up to timeout_ms
+ * per seed). */
 int kvt__remote_open(const kvt__remote_cfg *cfg, kvt__remote **out);
 void kvt__remote_close(kvt__remote *r); /* fails what is queued, waits for threads */
 
