@@ -459,7 +459,10 @@ static int discover(kvt__remote *r, const kvt__remote_cfg *cfg) {
     if (rep->type == REDIS_REPLY_ERROR && strncmp(rep->str, "NOAUTH", 6) == 0) {
       snprintf(err, sizeof err, "%s:%d: the server wants credentials: %s", host, port, rep->str);
       rc = KVT_EAUTH;
-    } else if (rep->type == REDIS_REPLY_ERROR) { /* cluster support disabled: one server */
+    } else if (rep->type == REDIS_REPLY_ERROR) {
+      /* Cluster support disabled: one server. (A user without the right to
+       * CLUSTER lands here too; on a cluster its ops then learn the map
+       * slot by slot from MOVED.) */
       rm_node *n = kvt__rm_node_get(r, host, port);
       if (!n)
         rc = -ENOMEM;
