@@ -254,7 +254,7 @@ void kvt__rm_complete(kvt__remote *r, rm_op *op, int status) {
 static rm_node *route(kvt__remote *r, const kvt_key *key, uint16_t *slot, int8_t *usable, int64_t now) {
   char buf[RM_KEY_MAX];
   size_t len = kvt__rm_key(r, key, buf);
-  *slot = kvt__rm_slot(buf, len);
+  *slot = kvt__remote_hash_slot(buf, len);
   uint16_t idx = atomic_load_explicit(&r->slots[*slot], memory_order_relaxed);
   if (!idx || atomic_load(&r->stopping)) {
     kvt__rm_want_refresh(r);

@@ -113,6 +113,10 @@ typedef struct kvt__remote_stats {
 } kvt__remote_stats;
 void kvt__remote_get_stats(kvt__remote *r, kvt__remote_stats *st);
 
+/* Redis Cluster's hash slot of a key string (CRC16 mod 16384, {hash tag}
+ * rule), as the server computes it. Pure; in every build. */
+uint16_t kvt__remote_hash_slot(const char *key, size_t len);
+
 /* For tests and the bench: key string of a block ("<prefix><ns>:<key>"),
  * returns its length (buf of at least 128 bytes). */
 size_t kvt__remote_key_string(const kvt__remote *r, const kvt_key *key, char *buf, size_t cap);

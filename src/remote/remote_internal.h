@@ -149,7 +149,6 @@ void kvt__rm_sigpipe_off(kvt__rm_sigpipe *s);
 void kvt__rm_sigpipe_on(const kvt__rm_sigpipe *s);
 
 /* slots.c */
-uint16_t kvt__rm_slot(const char *key, size_t len);
 /* Asks the refresh thread for a new slot map (cluster; no-op otherwise). */
 void kvt__rm_want_refresh(kvt__remote *r);
 /* Loads CLUSTER SLOTS' reply into the map: 0, or -EPROTO if it is not one. */
