@@ -451,7 +451,7 @@ static void handle_reply(rm_conn *cn, rm_op *op, rm_reply *rep, int asking_ok) {
  * failed connection with *answered the ops completed before it failed. */
 static int round_trip(rm_conn *cn, rm_op **ops, uint32_t n, uint32_t *answered) {
   kvt__remote *r = cn->node->r;
-  int64_t deadline = kvt__now_ns() + (int64_t)r->timeout_ms * 1000000;
+  int64_t start = kvt__now_ns(), deadline = start + (int64_t)r->timeout_ms * 1000000;
   for (uint32_t i = 0; i < n; i++)
     if (ops[i]->kind == RM_PUT)
       kvt__record_seal(ops[i]->rec, &r->ns, r->block_tokens, r->payload_bytes,
@@ -473,6 +473,10 @@ static int round_trip(rm_conn *cn, rm_op **ops, uint32_t n, uint32_t *answered) 
     handle_reply(cn, op, &rep, asking_ok);
   }
   *answered = i;
+  if (rc == 0) {
+    RM_ADD(r, round_trips, 1);
+    RM_ADD(r, round_trip_ns, (uint64_t)(kvt__now_ns() - start));
+  }
   return rc;
 }
 
@@ -523,9 +527,8 @@ static void *conn_main(void *arg) {
     uint32_t k = 0;
     size_t bytes = 0;
     while (n->head && k < r->max_batch) {
-      size_t b = n->head->kind == RM_GET || n->head->kind == RM_PUT ? r->rec_bytes : 0;
-      if (k && bytes + b > RM_BATCH_BYTES) break;
-      bytes += b;
+      if (bytes >= RM_BATCH_BYTES) break;
+      bytes += n->head->kind == RM_GET || n->head->kind == RM_PUT ? r->rec_bytes : 0;
       batch[k++] = n->head;
       n->head = n->head->next;
     }

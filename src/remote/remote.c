@@ -418,6 +418,8 @@ void kvt__remote_get_stats(kvt__remote *r, kvt__remote_stats *st) {
   st->reconnects = RM_LOAD(reconnects);
   st->bytes_read = RM_LOAD(bytes_read);
   st->bytes_written = RM_LOAD(bytes_written);
+  st->round_trips = RM_LOAD(round_trips);
+  st->round_trip_ns = RM_LOAD(round_trip_ns);
   st->cluster = r->cluster;
   uint32_t nn = atomic_load_explicit(&r->nnodes, memory_order_acquire);
   for (uint32_t i = 0; i < nn; i++) {

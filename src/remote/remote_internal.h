@@ -27,9 +27,9 @@
 #define RM_HOST_MAX 64u
 #define RM_PREFIX_MAX 60u  /* keeps a key string under 128 bytes */
 #define RM_KEY_MAX 128u
-/* Records in flight per round trip: deeper pipelines of large records only
- * make the server buffer more (2 MiB records: 4 per round trip measured
- * best, kvtier-bench micro --only remote). */
+/* A round trip takes no more records once it holds this many bytes of them:
+ * deeper pipelines of large records only make the server buffer more (2 MiB
+ * records: 4 per round trip measured best, kvtier-bench micro --only remote). */
 #define RM_BATCH_BYTES (8u << 20)
 #define RM_IN_BYTES (64u * 1024u) /* a connection's input buffer */
 #define RM_LINE_MAX 512u          /* reply lines kept (error messages are cut) */
@@ -135,6 +135,7 @@ struct kvt__remote {
     atomic_uint_fast64_t exists_calls, exists_keys;
     atomic_uint_fast64_t errors, timeouts, moved, ask, refreshes, reconnects;
     atomic_uint_fast64_t bytes_read, bytes_written;
+    atomic_uint_fast64_t round_trips, round_trip_ns;
   } st;
 };
 
