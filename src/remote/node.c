@@ -516,11 +516,11 @@ static void *conn_main(void *arg) {
   kvt__remote *r = n->r;
   kvt__rm_sigpipe sp;
   kvt__rm_sigpipe_off(&sp); /* for the thread's life */
-  rm_op **batch = malloc(sizeof *batch * r->max_batch);
+  rm_op **batch = cn->batch;
   for (;;) {
     pthread_mutex_lock(&n->mu);
     while (!n->head && !atomic_load(&r->stopping)) pthread_cond_wait(&n->cv, &n->mu);
-    if (atomic_load(&r->stopping) || !batch) {
+    if (atomic_load(&r->stopping)) {
       pthread_mutex_unlock(&n->mu);
       break;
     }
@@ -538,7 +538,6 @@ static void *conn_main(void *arg) {
     run_batch(cn, batch, k);
   }
   conn_drop(cn);
-  free(batch);
   return NULL;
 }
 
@@ -581,7 +580,9 @@ static rm_node *node_new(kvt__remote *r, uint32_t index, const char *host, int p
     cn->in = malloc(RM_IN_BYTES);
     cn->hdrs = malloc((size_t)r->max_batch * RM_HDR_BYTES);
     cn->iov = malloc(sizeof *cn->iov * 4 * r->max_batch);
-    if (!cn->in || !cn->hdrs || !cn->iov || pthread_create(&cn->thread, NULL, conn_main, cn) != 0) break;
+    cn->batch = malloc(sizeof *cn->batch * r->max_batch);
+    if (!cn->in || !cn->hdrs || !cn->iov || !cn->batch) break;
+    if (pthread_create(&cn->thread, NULL, conn_main, cn) != 0) break;
     cn->started = 1;
     n->nconns++;
   }
@@ -634,6 +635,7 @@ void kvt__rm_node_free(rm_node *n) {
       free(n->conns[i].in);
       free(n->conns[i].hdrs);
       free(n->conns[i].iov);
+      free(n->conns[i].batch);
     }
   free(n->conns);
   pthread_mutex_destroy(&n->mu);

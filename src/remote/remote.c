@@ -34,7 +34,10 @@ static void set_detail(const kvt__remote_cfg *cfg, const char *fmt, ...) {
 /* ---- URL: "redis://[user[:password]@]host:port[,host:port...]" ---- */
 
 static int hexval(int c) {
-  return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
 }
 
 /* A percent-decoded copy of s[0..len), or NULL (bad escape, NUL, no memory). */

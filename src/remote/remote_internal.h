@@ -73,6 +73,7 @@ typedef struct rm_conn {
   size_t in_head, in_tail;
   char *hdrs;         /* max_batch command headers */
   struct iovec *iov;  /* 4 per op */
+  rm_op **batch;      /* max_batch: the round trip's ops */
 } rm_conn;
 
 struct rm_node {
