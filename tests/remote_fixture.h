@@ -101,6 +101,9 @@ static inline kvt__remote_cfg rf_cfg(const char *url, kvt_key ns, const rf_geom 
   cfg.ns = ns;
   cfg.block_tokens = g->bt;
   cfg.payload_bytes = g->payload;
+  /* Tests that are not about faults must not see one on a loaded machine
+   * (sanitizers, parallel tests): a long timeout. Fault tests set theirs. */
+  cfg.timeout_ms = 10000;
   return cfg;
 }
 

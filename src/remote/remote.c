@@ -34,7 +34,10 @@ static void set_detail(const kvt__remote_cfg *cfg, const char *fmt, ...) {
 /* ---- URL: "redis://[user[:password]@]host:port[,host:port...]" ---- */
 
 static int hexval(int c) {
-  return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
 }
 
 /* A percent-decoded copy of s[0..len), or NULL (bad escape, NUL, no memory). */
@@ -254,19 +257,18 @@ void kvt__rm_complete(kvt__remote *r, rm_op *op, int status) {
 static rm_node *route(kvt__remote *r, const kvt_key *key, uint16_t *slot, int8_t *usable, int64_t now) {
   char buf[RM_KEY_MAX];
   size_t len = kvt__rm_key(r, key, buf);
-  *slot = kvt__rm_slot(buf, len);
+  *slot = kvt__remote_hash_slot(buf, len);
   uint16_t idx = atomic_load_explicit(&r->slots[*slot], memory_order_relaxed);
   if (!idx || atomic_load(&r->stopping)) {
     kvt__rm_want_refresh(r);
     return NULL;
   }
   rm_node *n = kvt__rm_node_at(r, idx - 1u);
-  if (usable[idx - 1] < 0) usable[idx - 1] = (int8_t)kvt__rm_node_usable(n, now);
-  if (!usable[idx - 1]) {
-    kvt__rm_want_refresh(r); /* after a failover the slot has another owner */
-    return NULL;
+  if (usable[idx - 1] < 0) {
+    usable[idx - 1] = (int8_t)kvt__rm_node_usable(n, now);
+    if (!usable[idx - 1]) kvt__rm_want_refresh(r); /* after a failover the slot has another owner */
   }
-  return n;
+  return usable[idx - 1] ? n : NULL;
 }
 
 typedef struct rm_lists {
@@ -419,6 +421,8 @@ void kvt__remote_get_stats(kvt__remote *r, kvt__remote_stats *st) {
   st->reconnects = RM_LOAD(reconnects);
   st->bytes_read = RM_LOAD(bytes_read);
   st->bytes_written = RM_LOAD(bytes_written);
+  st->round_trips = RM_LOAD(round_trips);
+  st->round_trip_ns = RM_LOAD(round_trip_ns);
   st->cluster = r->cluster;
   uint32_t nn = atomic_load_explicit(&r->nnodes, memory_order_acquire);
   for (uint32_t i = 0; i < nn; i++) {
@@ -460,7 +464,10 @@ static int discover(kvt__remote *r, const kvt__remote_cfg *cfg) {
     if (rep->type == REDIS_REPLY_ERROR && strncmp(rep->str, "NOAUTH", 6) == 0) {
       snprintf(err, sizeof err, "%s:%d: the server wants credentials: %s", host, port, rep->str);
       rc = KVT_EAUTH;
-    } else if (rep->type == REDIS_REPLY_ERROR) { /* cluster support disabled: one server */
+    } else if (rep->type == REDIS_REPLY_ERROR) {
+      /* Cluster support disabled: one server. (A user without the right to
+       * CLUSTER lands here too; on a cluster its ops then learn the map
+       * slot by slot from MOVED.) */
       rm_node *n = kvt__rm_node_get(r, host, port);
       if (!n)
         rc = -ENOMEM;
@@ -529,7 +536,12 @@ int kvt__remote_open(const kvt__remote_cfg *cfg, kvt__remote **out) {
   pthread_cond_init(&r->refresh_cv, NULL);
   pthread_mutex_init(&r->free_mu, NULL);
   int rc = copy_cfg(r, cfg);
-  if (!rc) rc = discover(r, cfg);
+  if (!rc) {
+    kvt__rm_sigpipe sp;
+    kvt__rm_sigpipe_off(&sp);
+    rc = discover(r, cfg);
+    kvt__rm_sigpipe_on(&sp);
+  }
   if (!rc && r->cluster) {
     if (pthread_create(&r->refresh_thread, NULL, kvt__rm_refresh_main, r) == 0)
       r->refresh_started = 1;
