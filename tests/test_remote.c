@@ -6,6 +6,7 @@
  * a stopped server (timeouts, degraded, back by itself), a killed and
  * restarted server, and bad arguments for every call. */
 #include <errno.h>
+#include <netdb.h>
 #include <signal.h>
 
 #include "remote_fixture.h"
@@ -521,12 +522,23 @@ static void unreachable(void **state) {
 
 /* URL forms: with or without a scheme, valkey://, a trailing slash, several
  * seeds of which the first is dead; bad ones are -EINVAL. */
+static int localhost_resolves(void) {
+  struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *res = NULL;
+  if (getaddrinfo("localhost", NULL, &hints, &res) != 0) return 0;
+  freeaddrinfo(res);
+  return 1;
+}
+
 static void url_forms(void **state) {
   char url[512];
   rf_geom g = rf_geometry(16, 4096);
   int port = srv.node[0].port;
+  /* A host name: "localhost" where the machine resolves it (a bare root
+   * without /etc/hosts does not). */
+  const char *named = localhost_resolves() ? "localhost" : "127.0.0.1";
+  if (named[0] != 'l') fprintf(stderr, "note: \"localhost\" does not resolve here; host names untested\n");
   const char *good[] = {"", "redis://", "valkey://", "redis://127.0.0.1:1,", "redis://[::1]:1,"};
-  const char *host[] = {"127.0.0.1", "127.0.0.1", "127.0.0.1", "127.0.0.1", "localhost"};
+  const char *host[] = {"127.0.0.1", "127.0.0.1", "127.0.0.1", "127.0.0.1", named};
   for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
     snprintf(url, sizeof url, "%s%s:%d%s", good[i], host[i], port, i == 1 ? "/" : "");
     kvt__remote_cfg cfg = rf_cfg(url, NS_A, &g);
