@@ -36,8 +36,11 @@ if [[ ! -f $dir/.complete ]]; then
   log=$dir/build.log
   fail() { cat "$log" >&2; echo "kvtier: $1 (output above, also in $log)" >&2; exit 1; }
   start=$(date +%s)
-  python3 -m pip download --quiet --disable-pip-version-check --no-deps --no-binary llama-cpp-python \
-    -d "$dir/dl" "llama-cpp-python==$LLAMA_CPP_PYTHON" >"$log" 2>&1 ||
+  # pip from a venv of its own: Debian's python3 has no pip module.
+  python3 -m venv "$dir/pip-venv" >"$log" 2>&1 ||
+    fail "python3 -m venv failed (on Debian: apt-get install python3-venv)"
+  "$dir/pip-venv/bin/python" -m pip download --quiet --disable-pip-version-check --no-deps \
+    --no-binary llama-cpp-python -d "$dir/dl" "llama-cpp-python==$LLAMA_CPP_PYTHON" >>"$log" 2>&1 ||
     fail "pip could not download llama-cpp-python==$LLAMA_CPP_PYTHON"
   tar -xzf "$dir"/dl/llama_cpp_python-*.tar.gz -C "$dir/dl" || fail "could not unpack the source package"
   src=$(echo "$dir"/dl/llama_cpp_python-*/vendor/llama.cpp)
@@ -49,7 +52,7 @@ if [[ ! -f $dir/.complete ]]; then
   built=$(date +%s)
   mkdir -p "$dir/vocab"
   cp "$src/models/ggml-vocab-llama-spm.gguf" "$dir/vocab/"
-  rm -rf "$dir/build" "$dir/dl"
+  rm -rf "$dir/build" "$dir/dl" "$dir/pip-venv"
   echo "libllama: $((built - start)) s to fetch and build" >"$dir/build-time.txt"
   touch "$dir/.complete"
 fi
