@@ -40,7 +40,10 @@ static void storage_free(kvt__storage *s, uint32_t n_jobs) {
       free(s->jobs[j].tokens);
     }
   if (s->workers)
-    for (uint32_t w = 0; w < s->n_workers; w++) free(s->workers[w].stage[0].rec);
+    for (uint32_t w = 0; w < s->n_workers; w++) {
+      free(s->workers[w].stage[0].rec);
+      free(s->workers[w].stage[0].iov);
+    }
   free(s->jobs);
   free(s->free_jobs);
   free(s->queue);
@@ -63,6 +66,11 @@ static int storage_alloc(kvt_cache *c, kvt__storage *s) {
     s->jobs[j].gen = c->salt + j * 0x7f4a7c15u;
     s->free_jobs[s->n_free++] = n - 1 - j;
   }
+  if (c->disk) {
+    kvt__disk_info di;
+    kvt__disk_get_info(c->disk, &di);
+    s->straight = di.vectored;
+  }
   uint32_t want = c->cfg.copy_threads ? c->cfg.copy_threads : 2;
   s->n_workers = want > 4 ? 4 : want;
   s->workers = calloc(s->n_workers, sizeof *s->workers);
@@ -81,6 +89,10 @@ static int storage_alloc(kvt_cache *c, kvt__storage *s) {
     if (posix_memalign(&mem, KVT_RECORD_ALIGN, ring) != 0) return -ENOMEM;
     memset(mem, 0, ring);
     for (uint32_t k = 0; k < KVT__STAGE_DEPTH; k++) wk->stage[k].rec = (char *)mem + k * c->record_bytes;
+    if (!s->straight) continue;
+    struct iovec *iov = calloc((size_t)KVT__STAGE_DEPTH * KVT__STRAIGHT_IOV, sizeof *iov);
+    if (!iov) return -ENOMEM;
+    for (uint32_t k = 0; k < KVT__STAGE_DEPTH; k++) wk->stage[k].iov = iov + (size_t)k * KVT__STRAIGHT_IOV;
   }
   return 0;
 }
@@ -267,6 +279,7 @@ static int resolve_pieces(kvt_cache *c, kvt__sjob *jb, const kvt_batch *b) {
       if (!p->len || p->len > c->block_bytes || p->reserved) return -EINVAL;
       q->len = p->len;
       q->device = 0;
+      q->registered = 0;
       if (p->region == KVT_REGION_NONE) {
         if (!p->ptr) return -EINVAL;
         q->ptr = p->ptr;
@@ -276,6 +289,7 @@ static int resolve_pieces(kvt_cache *c, kvt__sjob *jb, const kvt_batch *b) {
         if (p->offset > g->len || p->len > g->len - p->offset) return -EINVAL;
         q->ptr = g->base + p->offset;
         q->device = g->kind == KVT_MEM_DEVICE;
+        q->registered = 1;
         jb->regions |= 1ull << (p->region - 1);
       }
       sum += p->len;

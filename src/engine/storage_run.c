@@ -1,5 +1,6 @@
 /* Storage mode workers: make room, move bytes between the engine's pieces
- * and record images, commit per-block results (storage.h). */
+ * and record images (or straight between the pieces and the file),
+ * commit per-block results (storage.h). */
 #include <errno.h>
 #include <string.h>
 #include <unistd.h>
@@ -28,6 +29,29 @@ static int copy_pieces(kvt__sjob *jb, uint32_t i, char *payload, int to_engine) 
     }
   }
   return 0;
+}
+
+/* The record of block i in pieces for a straight disk I/O: st->rec's
+ * prefix, then the block's pieces with adjacent ones merged. Returns the
+ * iovec count, or 0 when the block goes through staging: a piece outside a
+ * registered host region, an address or length O_DIRECT would refuse, or
+ * more runs than the stage holds. */
+static uint32_t straight_iov(kvt_cache *c, const kvt__sjob *jb, uint32_t i, kvt__stage *st) {
+  if (!c->storage->straight) return 0;
+  const kvt__spiece *p = &jb->pieces[(size_t)i * jb->ppb];
+  struct iovec *v = st->iov;
+  uint32_t n = 1;
+  v[0] = (struct iovec){st->rec, kvt__record_prefix_bytes(c->bt)};
+  for (uint32_t k = 0; k < jb->ppb; k++) {
+    if (p[k].device || !p[k].registered || (((uintptr_t)p[k].ptr | p[k].len) & (KVT_RECORD_ALIGN - 1))) return 0;
+    if (n > 1 && (char *)v[n - 1].iov_base + v[n - 1].iov_len == p[k].ptr) {
+      v[n - 1].iov_len += p[k].len;
+      continue;
+    }
+    if (n == KVT__STRAIGHT_IOV) return 0;
+    v[n++] = (struct iovec){p[k].ptr, p[k].len};
+  }
+  return n;
 }
 
 /* Record identity of put block i (the disk store seals the rest). */
@@ -117,8 +141,10 @@ static void stage_retire(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb, kvt__stag
   uint32_t i = st->block;
   st->block = KVT__NONE;
   if (jb->kind == KVT__SJ_GET) {
+    /* Straight: the payload is already in the engine's pieces (and, on a
+     * failure, so may be any bytes: the block is reported not landed). */
     if (status == 0) status = verify_tokens(c, jb, i, st->rec);
-    if (status == 0) status = copy_pieces(jb, i, kvt__record_payload(st->rec, c->bt), 1);
+    if (status == 0 && !st->n_iov) status = copy_pieces(jb, i, kvt__record_payload(st->rec, c->bt), 1);
   }
   pthread_mutex_lock(&c->lock);
   if (jb->kind == KVT__SJ_GET) get_commit(c, jb, i, status);
@@ -141,14 +167,17 @@ static void stage_submit(kvt_cache *c, kvt__stage *st, uint32_t i, kvt__sjob *jb
   pthread_mutex_lock(&c->lock);
   slot = kvt__E(c, jb->blocks[i].entry)->slot[KVT__T_DISK];
   pthread_mutex_unlock(&c->lock);
+  kvt__disk_io io = {.slot = slot, .rec = st->rec, .arg = st, .iov = st->n_iov ? st->iov : NULL, .n_iov = st->n_iov};
   int rc;
   if (jb->kind == KVT__SJ_PUT) {
-    rc = kvt__disk_write(c->disk, slot, st->rec, stage_done, st);
+    rc = kvt__disk_write_batch(c->disk, &io, 1, stage_done);
   } else {
     /* Two gets of one block both read its slot, and the store takes one
      * operation per slot at a time: the second waits for the first. */
-    while ((rc = kvt__disk_read(c->disk, slot, st->rec, &jb->keys[i], stage_done, st)) == KVT_EBUSY) usleep(20);
+    io.expected_key = &jb->keys[i];
+    while ((rc = kvt__disk_read_batch(c->disk, &io, 1, stage_done)) >= 0 && io.status == KVT_EBUSY) usleep(20);
   }
+  if (rc >= 0) rc = io.status;
   if (rc != 0) stage_done(st, rc);
 }
 
@@ -204,7 +233,8 @@ static void run_put(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb) {
       } else {
         kvt__stage *st = stage_next(c, w, jb);
         fill_identity(c, jb, i, st->rec, parent);
-        int rc = copy_pieces(jb, i, kvt__record_payload(st->rec, c->bt), 0);
+        st->n_iov = straight_iov(c, jb, i, st);
+        int rc = st->n_iov ? 0 : copy_pieces(jb, i, kvt__record_payload(st->rec, c->bt), 0);
         if (rc) {
           pthread_mutex_lock(&c->lock);
           put_commit(c, jb, i, rc);
@@ -233,7 +263,9 @@ static void run_get(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb) {
       get_commit(c, jb, i, rc);
       pthread_mutex_unlock(&c->lock);
     } else {
-      stage_submit(c, stage_next(c, w, jb), i, jb);
+      kvt__stage *st = stage_next(c, w, jb);
+      st->n_iov = straight_iov(c, jb, i, st);
+      stage_submit(c, st, i, jb);
     }
   }
   stage_drain(c, w, jb);
