@@ -32,6 +32,7 @@ int kvt__storage_layout_ok(kvt_cache *c, const kvt_layout *l) {
 }
 
 static void storage_free(kvt__storage *s, uint32_t n_jobs) {
+  size_t ring = s->ring_bytes;
   if (s->jobs)
     for (uint32_t j = 0; j < n_jobs; j++) {
       free(s->jobs[j].blocks);
@@ -41,8 +42,9 @@ static void storage_free(kvt__storage *s, uint32_t n_jobs) {
     }
   if (s->workers)
     for (uint32_t w = 0; w < s->n_workers; w++) {
-      free(s->workers[w].stage[0].rec);
-      free(s->workers[w].stage[0].iov);
+      if (s->workers[w].stage[0].rec) kvt__host_mem_free(s->workers[w].stage[0].rec, ring);
+      free(s->workers[w].straight[0].rec);
+      free(s->workers[w].straight[0].iov);
     }
   free(s->jobs);
   free(s->free_jobs);
@@ -75,8 +77,12 @@ static int storage_alloc(kvt_cache *c, kvt__storage *s) {
   s->n_workers = want > 4 ? 4 : want;
   s->workers = calloc(s->n_workers, sizeof *s->workers);
   if (!s->workers) return -ENOMEM;
-  /* Disk I/O goes through each worker's ring of aligned record images. */
+  /* Disk I/O goes through each worker's ring of aligned record images, in
+   * memory with the host pool's huge-page hint (a staged record is then a
+   * few physically contiguous segments for the block device, not one per
+   * 4 KiB page). */
   size_t ring = kvt__has_tier(c, KVT__T_DISK) ? c->record_bytes * KVT__STAGE_DEPTH : 0;
+  s->ring_bytes = ring;
   for (uint32_t w = 0; w < s->n_workers; w++) {
     kvt__sworker *wk = &s->workers[w];
     wk->c = c;
@@ -84,15 +90,27 @@ static int storage_alloc(kvt_cache *c, kvt__storage *s) {
       wk->stage[k].block = KVT__NONE;
       wk->stage[k].w = wk;
     }
+    for (uint32_t k = 0; k < KVT__STRAIGHT_DEPTH; k++) {
+      wk->straight[k].block = KVT__NONE;
+      wk->straight[k].w = wk;
+    }
     if (!ring) continue;
     void *mem = NULL;
-    if (posix_memalign(&mem, KVT_RECORD_ALIGN, ring) != 0) return -ENOMEM;
-    memset(mem, 0, ring);
+    int rc = kvt__host_mem_alloc(ring, &mem);
+    if (rc) return rc;
     for (uint32_t k = 0; k < KVT__STAGE_DEPTH; k++) wk->stage[k].rec = (char *)mem + k * c->record_bytes;
     if (!s->straight) continue;
-    struct iovec *iov = calloc((size_t)KVT__STAGE_DEPTH * KVT__STRAIGHT_IOV, sizeof *iov);
+    size_t prefix = kvt__record_prefix_bytes(c->bt);
+    void *pre = NULL;
+    if (posix_memalign(&pre, KVT_RECORD_ALIGN, prefix * KVT__STRAIGHT_DEPTH) != 0) return -ENOMEM;
+    memset(pre, 0, prefix * KVT__STRAIGHT_DEPTH);
+    wk->straight[0].rec = pre;
+    struct iovec *iov = calloc((size_t)KVT__STRAIGHT_DEPTH * KVT__STRAIGHT_IOV, sizeof *iov);
     if (!iov) return -ENOMEM;
-    for (uint32_t k = 0; k < KVT__STAGE_DEPTH; k++) wk->stage[k].iov = iov + (size_t)k * KVT__STRAIGHT_IOV;
+    for (uint32_t k = 0; k < KVT__STRAIGHT_DEPTH; k++) {
+      wk->straight[k].rec = (char *)pre + k * prefix;
+      wk->straight[k].iov = iov + (size_t)k * KVT__STRAIGHT_IOV;
+    }
   }
   return 0;
 }

@@ -24,7 +24,10 @@
 #include "engine/engine.h"
 
 #define KVT__MAX_REGIONS 64u
-#define KVT__STAGE_DEPTH 8u /* records in flight per worker */
+#define KVT__STAGE_DEPTH 8u /* staged records in flight per worker */
+/* Records moved straight in flight per worker: each holds a prefix page,
+ * not a record, so a worker keeps a disk's queue depth busy on its own. */
+#define KVT__STRAIGHT_DEPTH 32u
 /* iovecs of a record moved straight: its prefix and the runs of its
  * pieces (adjacent pieces merge); a block needing more goes through
  * staging. */
@@ -68,8 +71,8 @@ typedef struct kvt__sjob {
 } kvt__sjob;
 
 typedef struct kvt__stage {
-  void *rec;
-  struct iovec *iov; /* a block moved straight: rec's prefix, then the engine's pieces */
+  void *rec;         /* a staged record, or (straight ring) a record's prefix */
+  struct iovec *iov; /* straight ring: rec, then the engine's pieces */
   uint32_t n_iov;    /* 0: the block is staged whole in rec */
   uint32_t block; /* block index in the job, KVT__NONE when idle */
   int in_flight;
@@ -83,7 +86,8 @@ typedef struct kvt__sworker {
   pthread_mutex_t lock; /* guards the ring's in_flight / status */
   pthread_cond_t cond;
   kvt__stage stage[KVT__STAGE_DEPTH];
-  uint32_t next;
+  kvt__stage straight[KVT__STRAIGHT_DEPTH]; /* when the store takes records in pieces */
+  uint32_t next, next_straight;
 } kvt__sworker;
 
 typedef struct kvt__storage {
@@ -98,6 +102,7 @@ typedef struct kvt__storage {
   uint32_t n_workers;
   kvt__sworker *workers;
   int straight;                    /* the disk store takes records in pieces */
+  size_t ring_bytes;               /* each worker's staging ring */
   int started;
 } kvt__storage;
 

@@ -31,25 +31,27 @@ static int copy_pieces(kvt__sjob *jb, uint32_t i, char *payload, int to_engine) 
   return 0;
 }
 
-/* The record of block i in pieces for a straight disk I/O: st->rec's
- * prefix, then the block's pieces with adjacent ones merged. Returns the
- * iovec count, or 0 when the block goes through staging: a piece outside a
- * registered host region, an address or length O_DIRECT would refuse, or
- * more runs than the stage holds. */
-static uint32_t straight_iov(kvt_cache *c, const kvt__sjob *jb, uint32_t i, kvt__stage *st) {
+/* The iovecs of block i's record moved straight: the prefix, then the
+ * block's pieces with adjacent ones merged, written to v when non-NULL.
+ * Returns their count, or 0 when the block goes through staging: a piece
+ * outside a registered host region, an address or length O_DIRECT would
+ * refuse, or more runs than a straight stage holds. */
+static uint32_t straight_iov(kvt_cache *c, const kvt__sjob *jb, uint32_t i, void *prefix, struct iovec *v) {
   if (!c->storage->straight) return 0;
   const kvt__spiece *p = &jb->pieces[(size_t)i * jb->ppb];
-  struct iovec *v = st->iov;
+  char *end = NULL; /* of the last run */
   uint32_t n = 1;
-  v[0] = (struct iovec){st->rec, kvt__record_prefix_bytes(c->bt)};
+  if (v) v[0] = (struct iovec){prefix, kvt__record_prefix_bytes(c->bt)};
   for (uint32_t k = 0; k < jb->ppb; k++) {
     if (p[k].device || !p[k].registered || (((uintptr_t)p[k].ptr | p[k].len) & (KVT_RECORD_ALIGN - 1))) return 0;
-    if (n > 1 && (char *)v[n - 1].iov_base + v[n - 1].iov_len == p[k].ptr) {
-      v[n - 1].iov_len += p[k].len;
-      continue;
+    if (n > 1 && end == p[k].ptr) {
+      if (v) v[n - 1].iov_len += p[k].len;
+    } else {
+      if (n == KVT__STRAIGHT_IOV) return 0;
+      if (v) v[n] = (struct iovec){p[k].ptr, p[k].len};
+      n++;
     }
-    if (n == KVT__STRAIGHT_IOV) return 0;
-    v[n++] = (struct iovec){p[k].ptr, p[k].len};
+    end = p[k].ptr + p[k].len;
   }
   return n;
 }
@@ -152,10 +154,22 @@ static void stage_retire(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb, kvt__stag
   pthread_mutex_unlock(&c->lock);
 }
 
-static kvt__stage *stage_next(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb) {
-  kvt__stage *st = &w->stage[w->next];
-  w->next = (w->next + 1) % KVT__STAGE_DEPTH;
-  stage_retire(c, w, jb, st);
+/* The next stage for block i, its previous block retired: a straight one
+ * (its iovecs filled in) when the block can go straight, else a staging
+ * record (n_iov 0). */
+static kvt__stage *stage_next(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb, uint32_t i) {
+  kvt__stage *st;
+  if (straight_iov(c, jb, i, NULL, NULL)) {
+    st = &w->straight[w->next_straight];
+    w->next_straight = (w->next_straight + 1) % KVT__STRAIGHT_DEPTH;
+    stage_retire(c, w, jb, st);
+    st->n_iov = straight_iov(c, jb, i, st->rec, st->iov);
+  } else {
+    st = &w->stage[w->next];
+    w->next = (w->next + 1) % KVT__STAGE_DEPTH;
+    stage_retire(c, w, jb, st);
+    st->n_iov = 0;
+  }
   return st;
 }
 
@@ -183,6 +197,7 @@ static void stage_submit(kvt_cache *c, kvt__stage *st, uint32_t i, kvt__sjob *jb
 
 static void stage_drain(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb) {
   for (uint32_t k = 0; k < KVT__STAGE_DEPTH; k++) stage_retire(c, w, jb, &w->stage[k]);
+  for (uint32_t k = 0; k < KVT__STRAIGHT_DEPTH; k++) stage_retire(c, w, jb, &w->straight[k]);
 }
 
 /* ---- puts ---- */
@@ -216,6 +231,13 @@ static void run_put(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb) {
   for (uint32_t from = 0; from < jb->n_blocks; from += chunk) {
     uint32_t to = from + chunk < jb->n_blocks ? from + chunk : jb->n_blocks;
     pthread_mutex_lock(&c->lock);
+    /* Blocks still in flight hold their slots: when the tier has too few
+     * free ones for this chunk, they finish first and become evictable
+     * (else they keep the disk busy while this chunk starts). */
+    int short_of_room = c->slots[tier].n_free < to - from;
+    pthread_mutex_unlock(&c->lock);
+    if (short_of_room) stage_drain(c, w, jb);
+    pthread_mutex_lock(&c->lock);
     put_take_slots(c, jb, from, to, tier);
     pthread_mutex_unlock(&c->lock);
     kvt__flush_submits(c); /* spills the room-making started */
@@ -231,9 +253,8 @@ static void run_put(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb) {
         put_commit(c, jb, i, rc);
         pthread_mutex_unlock(&c->lock);
       } else {
-        kvt__stage *st = stage_next(c, w, jb);
+        kvt__stage *st = stage_next(c, w, jb, i);
         fill_identity(c, jb, i, st->rec, parent);
-        st->n_iov = straight_iov(c, jb, i, st);
         int rc = st->n_iov ? 0 : copy_pieces(jb, i, kvt__record_payload(st->rec, c->bt), 0);
         if (rc) {
           pthread_mutex_lock(&c->lock);
@@ -244,8 +265,8 @@ static void run_put(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb) {
         stage_submit(c, st, i, jb);
       }
     }
-    stage_drain(c, w, jb);
   }
+  stage_drain(c, w, jb);
 }
 
 /* ---- gets ---- */
@@ -263,9 +284,7 @@ static void run_get(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb) {
       get_commit(c, jb, i, rc);
       pthread_mutex_unlock(&c->lock);
     } else {
-      kvt__stage *st = stage_next(c, w, jb);
-      st->n_iov = straight_iov(c, jb, i, st);
-      stage_submit(c, st, i, jb);
+      stage_submit(c, stage_next(c, w, jb, i), i, jb);
     }
   }
   stage_drain(c, w, jb);
