@@ -24,6 +24,7 @@ static const size_t seg_bytes[NSEG] = {1000, 3000, 4096, 8288}; /* 16384 in all 
 #define NB 12
 
 static char path[4200];
+static kvt_disk_backend backend = KVT_DISK_AUTO;
 
 typedef struct sfix {
   kvt_cache *c;
@@ -43,6 +44,7 @@ static kvt_cache *open_storage(uint32_t host, uint64_t disk, int reset) {
   cfg.disk_path = disk ? path : NULL;
   cfg.disk_blocks = disk;
   cfg.disk_reset = reset;
+  cfg.disk_backend = backend;
   kvt_cache *c = NULL;
   assert_int_equal(kvt_open(&cfg, &c), 0);
   kvt_segment seg[NSEG];
@@ -683,6 +685,11 @@ static void straight_round_trip(int many) {
 
 static void straight_round_trip_one_piece(void **s) { straight_round_trip(0); }
 static void straight_round_trip_many_pieces(void **s) { straight_round_trip(1); }
+static void straight_round_trip_on_the_thread_backend(void **s) {
+  backend = KVT_DISK_THREADS; /* preadv / pwritev */
+  straight_round_trip(1);
+  backend = KVT_DISK_AUTO;
+}
 
 /* One batch mixing straight and staged blocks runs both paths; records
  * written straight read back staged and the other way round. */
@@ -904,6 +911,7 @@ int main(void) {
       cmocka_unit_test(drain_waits_for_storage_jobs),
       cmocka_unit_test(straight_round_trip_one_piece),
       cmocka_unit_test(straight_round_trip_many_pieces),
+      cmocka_unit_test(straight_round_trip_on_the_thread_backend),
       cmocka_unit_test(straight_and_staged_blocks_in_one_batch),
       cmocka_unit_test(straight_io_error_fails_its_block),
       cmocka_unit_test(straight_short_transfer_fails_its_block),
