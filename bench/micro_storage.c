@@ -157,7 +157,7 @@ typedef struct sbench {
 /* One batch of every block, put (new keys of this round) or got. A put
  * first removes the blocks of the put before (untimed), so it measures
  * writes alone, never the making of room. */
-static double storage_pass(sbench *b, int get, uint32_t round, int staged) {
+static double storage_pass(sbench *b, int get, uint32_t round, int staged, double *cpu) {
   if (!get) {
     kvt_remove(b->c, b->keys, b->n, NULL);
     uint64_t *ids = malloc(b->n * sizeof *ids);
@@ -173,11 +173,13 @@ static double storage_pass(sbench *b, int get, uint32_t round, int staged) {
   bt.pieces = staged ? b->staged : b->pieces;
   bt.flags = KVT_KEYS_OPAQUE;
   kvt_job job;
+  double c0 = cpu_now();
   int64_t t0 = kvt__now_ns();
   int rc = get ? kvt_get_into(b->c, &bt, &job) : kvt_put_from(b->c, &bt, &job);
   if (rc != 1) return -1;
   rc = kvt_storage_wait(b->c, job, -1);
   double s = secs_since(t0);
+  *cpu = (cpu_now() - c0) / ((double)b->n * BLOCK_BYTES / 1e9);
   uint32_t ok = 0;
   kvt_storage_results(b->c, job, NULL, 0, &ok);
   kvt_storage_release(b->c, job);
@@ -259,13 +261,11 @@ static int run_unit(sbench *b, const char *path, size_t rec, char *raw, int unit
   int n = unit == 0 || unit == 2 ? 1 : 2;
   for (int k = 0; k < n; k++) {
     int p = first[unit] + k;
-    double c0 = cpu_now();
     double v = p == P_RAW_W   ? raw_pass(path, 1, b->n, rec, raw, b->engine, &cpu[p], &b->best_way[0][r])
                : p == P_RAW_R ? raw_pass(path, 0, b->n, rec, raw, b->engine, &cpu[p], &b->best_way[1][r])
-                              : storage_pass(b, p == P_GET || p == P_GET_STAGED, r, p >= P_PUT_STAGED);
+                              : storage_pass(b, p == P_GET || p == P_GET_STAGED, r, p >= P_PUT_STAGED, &cpu[p]);
     if (v < 0) return -EIO;
     gbs[p] = v;
-    if (p != P_RAW_W && p != P_RAW_R) cpu[p] = (cpu_now() - c0) / ((double)b->n * BLOCK_BYTES / 1e9);
   }
   return 0;
 }
@@ -290,7 +290,7 @@ static void storage_detail(char *out, size_t n, const sbench *b, int rounds, con
 static int disk_rows(const kvt_bench_micro_opts *o, kvt_bench_rows *rows) {
   char path[4200];
   snprintf(path, sizeof path, "%s/kvtier-bench-storage.kvt", pick_dir(o));
-  sbench b = {.n = o->quick ? 32 : 128};
+  sbench b = {.n = o->quick ? 32 : 512}; /* 1 GiB per pass: short passes are at the mercy of the scheduler */
   size_t rec = kvt__record_bytes(BT, BLOCK_BYTES);
   char *raw = NULL;
   /* The engine's pool and the raw passes' buffers come from the host
