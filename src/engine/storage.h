@@ -27,9 +27,10 @@
 #define KVT__STAGE_DEPTH 8u /* staged records in flight per worker */
 /* Records moved straight in flight per worker: each holds a prefix page,
  * not a record, so a worker keeps the disk's queue depth (32) busy on its
- * own, and as many again waiting for checksums or retirement: on two CPUs
- * shared with other work (load 8-10), 2 MiB puts went from 0.41-0.98 of
- * raw io_uring with 32 to 0.98-1.02 with 64 (kvtier-bench micro storage). */
+ * own, and as many again waiting for checksums or retirement. On two CPUs
+ * shared with other work (load 8-10), a few runs of kvtier-bench micro
+ * storage gave 2 MiB puts at 0.41-0.98 of raw io_uring with 32 and
+ * 0.98-1.02 with 64; gets 0.54-0.76 and 0.79-0.90. */
 #define KVT__STRAIGHT_DEPTH 64u
 /* iovecs of a record moved straight: its prefix and the runs of its
  * pieces (adjacent pieces merge); a block needing more goes through
