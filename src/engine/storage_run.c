@@ -231,13 +231,16 @@ static void run_put(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb) {
   for (uint32_t from = 0; from < jb->n_blocks; from += chunk) {
     uint32_t to = from + chunk < jb->n_blocks ? from + chunk : jb->n_blocks;
     pthread_mutex_lock(&c->lock);
-    /* Blocks still in flight hold their slots: when the tier has too few
-     * free ones for this chunk, they finish first and become evictable
-     * (else they keep the disk busy while this chunk starts). */
-    int short_of_room = c->slots[tier].n_free < to - from;
-    pthread_mutex_unlock(&c->lock);
-    if (short_of_room) stage_drain(c, w, jb);
-    pthread_mutex_lock(&c->lock);
+    /* Blocks still in flight hold their slots, and only this worker can
+     * retire them: when the tier has too few free slots for this chunk,
+     * they finish first (and become evictable) before room is made, which
+     * may wait. With enough free slots, taking them waits for nothing, so
+     * the disk stays busy while this chunk starts. */
+    if (c->slots[tier].n_free < to - from) {
+      pthread_mutex_unlock(&c->lock);
+      stage_drain(c, w, jb);
+      pthread_mutex_lock(&c->lock);
+    }
     put_take_slots(c, jb, from, to, tier);
     pthread_mutex_unlock(&c->lock);
     kvt__flush_submits(c); /* spills the room-making started */
