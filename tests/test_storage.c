@@ -795,6 +795,36 @@ static void straight_io_errors_fail_their_blocks(int code) {
 static void straight_io_error_fails_its_block(void **s) { straight_io_errors_fail_their_blocks(-EIO); }
 static void straight_short_transfer_fails_its_block(void **s) { straight_io_errors_fail_their_blocks(8192); }
 
+/* With a kvtier host pool, puts land there (a copy) and spill to disk as
+ * whole records; a get of the blocks held only on disk reads them straight
+ * into the engine's memory, the others are copied from the host pool. */
+static void straight_gets_of_spilled_blocks(void **s) {
+  sfix f;
+  sfix_open(&f, 4, 64, 1);
+  pool p;
+  pool_open(&f, &p);
+  for (uint32_t b = 0; b < NB; b++) pool_fill(&p, b, 0, 800 + b);
+  int32_t res[NB];
+  uint32_t ok = 0;
+  assert_int_equal(pool_batch(&f, &p, 0, NB, 0, NULL, res, &ok), 0);
+  assert_int_equal(ok, NB);
+  kvt_drain(f.c);
+  kvt_lookup_result r = exists(&f, NB);
+  assert_int_equal(r.n_prefix, NB);
+  assert_true(r.n_disk >= NB - 4);
+  memset(p.mem, 0, (size_t)NB * PLACE);
+  io_tally t;
+  tally_start(&t, 0, 0);
+  assert_int_equal(pool_batch(&f, &p, 1, NB, 1, NULL, res, &ok), 0);
+  kvt__fault_set(NULL, NULL);
+  assert_int_equal(ok, NB);
+  assert_int_equal(atomic_load(&t.ops[KVT_IO_READV]), r.n_disk);
+  assert_int_equal(atomic_load(&t.ops[KVT_IO_READ]), 0);
+  for (uint32_t b = 0; b < NB; b++) assert_true(pool_check(&p, b, 1, 800 + b));
+  pool_close(&f, &p);
+  sfix_close(&f);
+}
+
 /* The disk slot holding key k (read behind the cache's back), or -1. */
 static int slot_of(const kvt_key *k, uint64_t slots) {
   size_t rec = kvt__record_bytes(BT, BLOCK);
@@ -913,6 +943,7 @@ int main(void) {
       cmocka_unit_test(straight_round_trip_many_pieces),
       cmocka_unit_test(straight_round_trip_on_the_thread_backend),
       cmocka_unit_test(straight_and_staged_blocks_in_one_batch),
+      cmocka_unit_test(straight_gets_of_spilled_blocks),
       cmocka_unit_test(straight_io_error_fails_its_block),
       cmocka_unit_test(straight_short_transfer_fails_its_block),
       cmocka_unit_test(straight_checksum_failures_fail_their_blocks),
