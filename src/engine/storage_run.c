@@ -154,20 +154,37 @@ static void stage_retire(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb, kvt__stag
   pthread_mutex_unlock(&c->lock);
 }
 
+/* A stage of the ring whose I/O is over (its block retired here) or that
+ * is idle, the first from *next on; waits while all are in flight. Any
+ * finished one will do: waiting for the oldest would idle the disk behind
+ * one record held up (a checksum thread not scheduled, a slow request). */
+static kvt__stage *ring_take(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb, kvt__stage *ring, uint32_t n,
+                             uint32_t *next) {
+  kvt__stage *st = NULL;
+  pthread_mutex_lock(&w->lock);
+  while (!st) {
+    for (uint32_t k = 0; k < n && !st; k++)
+      if (!ring[(*next + k) % n].in_flight) {
+        st = &ring[(*next + k) % n];
+        *next = (*next + k + 1) % n;
+      }
+    if (!st) pthread_cond_wait(&w->cond, &w->lock);
+  }
+  pthread_mutex_unlock(&w->lock);
+  stage_retire(c, w, jb, st);
+  return st;
+}
+
 /* The next stage for block i, its previous block retired: a straight one
  * (its iovecs filled in) when the block can go straight, else a staging
  * record (n_iov 0). */
 static kvt__stage *stage_next(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb, uint32_t i) {
   kvt__stage *st;
   if (straight_iov(c, jb, i, NULL, NULL)) {
-    st = &w->straight[w->next_straight];
-    w->next_straight = (w->next_straight + 1) % KVT__STRAIGHT_DEPTH;
-    stage_retire(c, w, jb, st);
+    st = ring_take(c, w, jb, w->straight, KVT__STRAIGHT_DEPTH, &w->next_straight);
     st->n_iov = straight_iov(c, jb, i, st->rec, st->iov);
   } else {
-    st = &w->stage[w->next];
-    w->next = (w->next + 1) % KVT__STAGE_DEPTH;
-    stage_retire(c, w, jb, st);
+    st = ring_take(c, w, jb, w->stage, KVT__STAGE_DEPTH, &w->next);
     st->n_iov = 0;
   }
   return st;
