@@ -178,7 +178,7 @@ static int pieces_check(const kvt__disk *d, const struct iovec *iov, uint32_t n)
   if (n < 2 || n > KVT_DISK_MAX_IOV || iov[0].iov_len != kvt__record_prefix_bytes(d->block_tokens)) return -EINVAL;
   uint64_t sum = 0;
   for (uint32_t i = 0; i < n; i++) {
-    if (!iov[i].iov_base || !iov[i].iov_len) return -EINVAL;
+    if (!iov[i].iov_base || !iov[i].iov_len || iov[i].iov_len > d->slot_bytes) return -EINVAL;
     if (d->direct && (((uintptr_t)iov[i].iov_base | iov[i].iov_len) & (KVT_RECORD_ALIGN - 1))) return -EINVAL;
     sum += iov[i].iov_len;
   }
@@ -186,14 +186,14 @@ static int pieces_check(const kvt__disk *d, const struct iovec *iov, uint32_t n)
 }
 
 static int io_prep(kvt__disk *d, int kind, kvt__disk_io *io, kvt__disk_done_fn done, disk_op *t) {
-  void *rec = io->iov ? io->iov[0].iov_base : io->rec;
   if (io->slot >= d->slots) return -EINVAL;
   if (io->iov) {
     int rc = pieces_check(d, io->iov, io->n_iov);
     if (rc) return rc;
-  } else if (!rec || (d->direct && ((uintptr_t)rec & (KVT_RECORD_ALIGN - 1)))) {
+  } else if (!io->rec || (d->direct && ((uintptr_t)io->rec & (KVT_RECORD_ALIGN - 1)))) {
     return -EINVAL;
   }
+  void *rec = io->iov ? io->iov[0].iov_base : io->rec;
   if (kind == OP_WRITE) {
     int rc = kvt__record_seal_check(rec, d->block_tokens);
     if (rc) return rc;
