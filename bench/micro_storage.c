@@ -335,8 +335,8 @@ static int disk_rows(const kvt_bench_micro_opts *o, kvt_bench_rows *rows) {
                                   "get-into 2 MiB blocks, disk -> engine memory"};
     for (int w = 0; w < 2; w++) {
       char note[200], detail[900];
-      snprintf(note, sizeof note, "straight path (registered, aligned); limit: raw O_DIRECT io_uring %s of the same "
-               "records, same file, best of depth 8/32/32 fixed/32 vectored from engine memory; medians of %d rounds", w ? "reads" : "writes", rounds);
+      snprintf(note, sizeof note, "straight path; limit: raw O_DIRECT io_uring %s, same records and file, best of "
+               "qd8/qd32/qd32 fixed/qd32 vectored; medians of %d rounds", w ? "reads" : "writes", rounds);
       storage_detail(detail, sizeof detail, &b, rounds, med, lo, hi, cmed, w, copy_s, sum_s);
       kvt_bench_row(rows, name[w], "GB/s", med[w ? P_GET : P_PUT], med[w ? P_RAW_R : P_RAW_W], 0.9, note);
       kvt_bench_row_detail(rows, detail);
