@@ -56,6 +56,9 @@ void kvt_bench_row_max(kvt_bench_rows *rows, const char *name, const char *unit,
 
 /* Longer detail for the row just added: printed in --json only. */
 void kvt_bench_row_detail(kvt_bench_rows *rows, const char *detail);
+/* 1 when the kernel backs all of [p, p+n) with transparent huge pages
+ * (micro_disk.c). */
+int kvt_bench_huge_pages(const void *p, size_t n);
 
 typedef int (*kvt_bench_micro_fn)(const kvt_bench_micro_opts *opts, kvt_bench_rows *rows);
 void kvt_bench_micro_register(const char *name, kvt_bench_micro_fn fn);

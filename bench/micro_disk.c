@@ -100,7 +100,7 @@ static const char *pick_dir(const kvt_bench_micro_opts *o) {
 }
 
 /* 1 when the kernel backs [p, p+n) with transparent huge pages. */
-static int has_huge_pages(const void *p, size_t n) {
+int kvt_bench_huge_pages(const void *p, size_t n) {
   FILE *f = fopen("/proc/self/smaps", "r");
   if (!f) return 0;
   char line[256];
@@ -522,7 +522,7 @@ static int alloc_run(run *r) {
   }
   madvise(r->small, QD * r->rec, MADV_NOHUGEPAGE);
   make_images(r);
-  r->huge = has_huge_pages(r->pool, r->pool_bytes);
+  r->huge = kvt_bench_huge_pages(r->pool, r->pool_bytes);
   return 0;
 }
 

@@ -2,24 +2,30 @@
  * memory) next to the machine's limit, in the same run:
  *
  *   put-from   2 MiB blocks from registered engine host memory to the disk
- *              tier (no host tier: engine memory straight to disk), vs raw
- *              O_DIRECT io_uring writes of whole records (the better of
- *              queue depth 8 and 32),
- *              on the same file
+ *              tier (no host tier: the straight path, engine memory to the
+ *              file in one vectored I/O per block), vs raw O_DIRECT
+ *              io_uring writes of the same records on the same file (the
+ *              best of whole records at queue depth 8, 32, and 32 with
+ *              registered buffers, and the straight path's own vectored
+ *              I/O from the engine's memory at 32); 512 blocks, 1 GiB, a
+ *              pass
  *   get-into   the same blocks back from disk into engine memory, vs raw
  *              O_DIRECT io_uring reads of the same records
  *   exists     kvt_exists of whole 256-block chains over 1M resident keys
  *              (the tier map shared by both modes, filled through owner
  *              mode's metadata-only path), vs a goal of 10M keys/s
  *
- * kvtier's side includes everything it does per block: the copy between
- * the engine's memory and a staging record (header, tokens, payload), the
- * checksums, and the tier-map bookkeeping. Each round runs the four passes
- * in a rotated order, so drift and the place in a round hit all alike; each
- * pass counts by its median round (a shared disk swings single rounds by
- * several times). CPU seconds per GB of each side are in the row's detail (--json):
- * with them, a missed row says whether kvtier ran out of CPU (copy and
- * checksums) or waited on the disk like the raw passes. */
+ * kvtier's side includes everything it does per block: the checksums, the
+ * header and tokens, and the tier-map bookkeeping. A third side puts and
+ * gets the same blocks by unregistered pointers, so they go through
+ * staging (a copy between the engine's memory and a staging record): the
+ * row's detail (--json) sets its CPU next to the straight path's, with the
+ * saving the copy's own cost predicts. Each round runs the four units (raw
+ * writes, straight put+get, raw reads, staged put+get) starting at another
+ * place, so drift and the place in a round hit all alike; each pass counts
+ * by its median round (a shared disk swings single rounds by several
+ * times). CPU seconds per GB are process CPU: with them, a missed row says
+ * whether kvtier ran out of CPU or waited on the disk like the raw passes. */
 #include <errno.h>
 #include <fcntl.h>
 #include <liburing.h>
@@ -34,6 +40,7 @@
 #include <xxhash.h>
 
 #include "bench.h"
+#include "dev/dev.h"
 #include "store/record.h"
 #include "util/clock.h"
 
@@ -68,8 +75,13 @@ static const char *pick_dir(const kvt_bench_micro_opts *o) {
 
 static double secs_since(int64_t t0) { return (kvt__now_ns() - t0) * 1e-9; }
 
-/* Raw O_DIRECT io_uring over n records of the file (the limit). */
-static double raw_pass_qd(const char *path, int write, uint64_t n, size_t rec, char *bufs, uint32_t qd) {
+/* Raw O_DIRECT io_uring over n records of the file (the limit). fixed:
+ * the buffers registered with the ring (READ_FIXED / WRITE_FIXED); engine
+ * (non-NULL): the straight path's own I/O, READV/WRITEV of a 4 KiB page
+ * of bufs and a 2 MiB block of the engine's memory. */
+static double raw_pass_qd(const char *path, int write, uint64_t n, size_t rec, char *bufs, uint32_t qd, int fixed,
+                          char *engine) {
+  struct iovec vec[RAW_QD][2];
   int fd = open(path, O_RDWR | O_DIRECT);
   if (fd < 0) fd = open(path, O_RDWR); /* a file system without O_DIRECT: both sides buffered */
   if (fd < 0) return -1;
@@ -78,6 +90,8 @@ static double raw_pass_qd(const char *path, int write, uint64_t n, size_t rec, c
     close(fd);
     return -1;
   }
+  struct iovec all = {bufs, RAW_QD * rec};
+  if (fixed && io_uring_register_buffers(&ring, &all, 1) != 0) fixed = 0;
   int64_t t0 = kvt__now_ns();
   uint64_t sent = 0, done = 0;
   int bad = 0;
@@ -86,7 +100,16 @@ static double raw_pass_qd(const char *path, int write, uint64_t n, size_t rec, c
       struct io_uring_sqe *sqe = io_uring_get_sqe(&ring);
       char *buf = bufs + (sent % qd) * rec;
       off_t off = (off_t)(KVT_RECORD_ALIGN + sent * rec);
-      if (write) io_uring_prep_write(sqe, fd, buf, (unsigned)rec, off);
+      struct iovec *v = vec[sent % qd];
+      if (engine) {
+        v[0] = (struct iovec){buf, KVT_RECORD_ALIGN};
+        v[1] = (struct iovec){engine + (sent % ENGINE_BLOCKS) * BLOCK_BYTES, BLOCK_BYTES};
+      }
+      if (engine && write) io_uring_prep_writev(sqe, fd, v, 2, off);
+      else if (engine) io_uring_prep_readv(sqe, fd, v, 2, off);
+      else if (write && fixed) io_uring_prep_write_fixed(sqe, fd, buf, (unsigned)rec, off, 0);
+      else if (write) io_uring_prep_write(sqe, fd, buf, (unsigned)rec, off);
+      else if (fixed) io_uring_prep_read_fixed(sqe, fd, buf, (unsigned)rec, off, 0);
       else io_uring_prep_read(sqe, fd, buf, (unsigned)rec, off);
       sent++;
     }
@@ -103,10 +126,26 @@ static double raw_pass_qd(const char *path, int write, uint64_t n, size_t rec, c
   return bad ? -1 : (double)n * BLOCK_BYTES / s / 1e9;
 }
 
-/* The limit: the better of depth 8 and depth 32. */
-static double raw_pass(const char *path, int write, uint64_t n, size_t rec, char *bufs) {
-  double a = raw_pass_qd(path, write, n, rec, bufs, 8), b = raw_pass_qd(path, write, n, rec, bufs, RAW_QD);
-  return a < 0 || b < 0 ? -1 : a > b ? a : b;
+/* The limit's ways: whole records at depth 8 and 32, with registered
+ * buffers at 32, and the straight path's vectored I/O at 32. */
+#define RAW_WAYS 4
+static const struct {
+  uint32_t qd;
+  int fixed, vec;
+  const char *name;
+} raw_ways[RAW_WAYS] = {{8, 0, 0, "qd8"}, {RAW_QD, 0, 0, "qd32"}, {RAW_QD, 1, 0, "qd32 fixed"}, {RAW_QD, 0, 1, "qd32 vec"}};
+
+/* The best of the ways; *cpu gets the CPU per GB of the best, *way its index. */
+static double raw_pass(const char *path, int write, uint64_t n, size_t rec, char *bufs, char *engine, double *cpu,
+                       int *way) {
+  double best = 0;
+  for (int w = 0; w < RAW_WAYS; w++) {
+    double c0 = cpu_now();
+    double v = raw_pass_qd(path, write, n, rec, bufs, raw_ways[w].qd, raw_ways[w].fixed, raw_ways[w].vec ? engine : NULL);
+    if (v < 0) return -1;
+    if (v > best) best = v, *cpu = (cpu_now() - c0) / ((double)n * BLOCK_BYTES / 1e9), *way = w;
+  }
+  return best;
 }
 
 typedef struct sbench {
@@ -115,18 +154,20 @@ typedef struct sbench {
   kvt_region reg;
   uint64_t n;
   kvt_key *keys;
-  kvt_piece *pieces;
+  kvt_piece *pieces; /* by region + offset: the straight path */
+  kvt_piece *staged; /* the same memory by unregistered pointer: staging */
+  int best_way[2][ROUNDS]; /* writes, reads: the raw way that won each round */
 } sbench;
 
 /* One batch of every block, put (new keys of this round) or got. A put
- * first removes the blocks of the round before (untimed), so it measures
+ * first removes the blocks of the put before (untimed), so it measures
  * writes alone, never the making of room. */
-static double storage_pass(sbench *b, int get, uint32_t round) {
+static double storage_pass(sbench *b, int get, uint32_t round, int staged, double *cpu) {
   if (!get) {
     kvt_remove(b->c, b->keys, b->n, NULL);
     uint64_t *ids = malloc(b->n * sizeof *ids);
     if (!ids) return -1;
-    for (uint64_t i = 0; i < b->n; i++) ids[i] = ((uint64_t)round << 32) | i;
+    for (uint64_t i = 0; i < b->n; i++) ids[i] = ((uint64_t)round << 32) | ((uint64_t)staged << 31) | i;
     kvt_keys_from_opaque(b->c, ids, sizeof *ids, b->n, b->keys);
     free(ids);
   }
@@ -134,14 +175,16 @@ static double storage_pass(sbench *b, int get, uint32_t round) {
   kvt_batch_init(&bt);
   bt.n_blocks = (uint32_t)b->n;
   bt.keys = b->keys;
-  bt.pieces = b->pieces;
+  bt.pieces = staged ? b->staged : b->pieces;
   bt.flags = KVT_KEYS_OPAQUE;
   kvt_job job;
+  double c0 = cpu_now();
   int64_t t0 = kvt__now_ns();
   int rc = get ? kvt_get_into(b->c, &bt, &job) : kvt_put_from(b->c, &bt, &job);
   if (rc != 1) return -1;
   rc = kvt_storage_wait(b->c, job, -1);
   double s = secs_since(t0);
+  *cpu = (cpu_now() - c0) / ((double)b->n * BLOCK_BYTES / 1e9);
   uint32_t ok = 0;
   kvt_storage_results(b->c, job, NULL, 0, &ok);
   kvt_storage_release(b->c, job);
@@ -168,8 +211,10 @@ static int open_storage(sbench *b, const char *path) {
   l.flags = KVT_LAYOUT_STORAGE;
   if (rc == 0) rc = kvt_register_layout(b->c, &l);
   if (rc == 0) rc = kvt_register_memory(b->c, b->engine, (size_t)ENGINE_BLOCKS * BLOCK_BYTES, KVT_MEM_HOST, &b->reg);
-  for (uint64_t i = 0; rc == 0 && i < b->n; i++)
+  for (uint64_t i = 0; rc == 0 && i < b->n; i++) {
     b->pieces[i] = (kvt_piece){.region = b->reg, .offset = (i % ENGINE_BLOCKS) * BLOCK_BYTES, .len = BLOCK_BYTES};
+    b->staged[i] = (kvt_piece){.ptr = b->engine + (i % ENGINE_BLOCKS) * BLOCK_BYTES, .len = BLOCK_BYTES};
+  }
   return rc;
 }
 
@@ -181,12 +226,14 @@ static double thread_cpu_now(void) {
 
 /* What staging costs per GB, in CPU time of this thread (so other load on
  * the machine does not count): the copy of a block between engine memory
- * and a record, and the payload's checksum. */
-static void staging_costs(const sbench *b, char *rec, double *copy_s, double *sum_s) {
+ * and a record, and the payload's checksum. The copies go to RAW_QD
+ * records in turn (64 MiB), as staging's go to records the disk has just
+ * filled or will read, not to one record that stays in cache. */
+static void staging_costs(const sbench *b, char *recs, size_t rec, double *copy_s, double *sum_s) {
   uint64_t acc = 0;
   double gb = 4.0 * ENGINE_BLOCKS * BLOCK_BYTES / 1e9, t0 = thread_cpu_now();
   for (uint32_t i = 0; i < 4 * ENGINE_BLOCKS; i++)
-    memcpy(rec, b->engine + (size_t)(i % ENGINE_BLOCKS) * BLOCK_BYTES, BLOCK_BYTES);
+    memcpy(recs + (i % RAW_QD) * rec, b->engine + (size_t)(i % ENGINE_BLOCKS) * BLOCK_BYTES, BLOCK_BYTES);
   double t1 = thread_cpu_now();
   for (uint32_t i = 0; i < 4 * ENGINE_BLOCKS; i++)
     acc += XXH3_64bits(b->engine + (size_t)(i % ENGINE_BLOCKS) * BLOCK_BYTES, BLOCK_BYTES);
@@ -210,73 +257,98 @@ static double median(const double *v, int n, double *lo, double *hi) {
   return s[n / 2];
 }
 
+/* Passes of a round, by unit: raw writes; straight put, get; raw reads;
+ * staged put, get. A get reads its own side's put, so each side's put and
+ * get stay together (the raw writes land on kvtier's slots). */
+enum { P_RAW_W, P_PUT, P_GET, P_RAW_R, P_PUT_STAGED, P_GET_STAGED, N_PASSES };
+
+static int run_unit(sbench *b, const char *path, size_t rec, char *raw, int unit, uint32_t r, double *gbs,
+                    double *cpu) {
+  static const int first[4] = {P_RAW_W, P_PUT, P_RAW_R, P_PUT_STAGED};
+  int n = unit == 0 || unit == 2 ? 1 : 2;
+  for (int k = 0; k < n; k++) {
+    int p = first[unit] + k;
+    double v = p == P_RAW_W   ? raw_pass(path, 1, b->n, rec, raw, b->engine, &cpu[p], &b->best_way[0][r])
+               : p == P_RAW_R ? raw_pass(path, 0, b->n, rec, raw, b->engine, &cpu[p], &b->best_way[1][r])
+                              : storage_pass(b, p == P_GET || p == P_GET_STAGED, r, p >= P_PUT_STAGED, &cpu[p]);
+    if (v < 0) return -EIO;
+    gbs[p] = v;
+  }
+  return 0;
+}
+
+static void storage_detail(char *out, size_t n, const sbench *b, int rounds, const double *med, const double *lo,
+                           const double *hi, const double *cmed, int get, double copy_s, double sum_s) {
+  int kv = get ? P_GET : P_PUT, st = get ? P_GET_STAGED : P_PUT_STAGED, raw = get ? P_RAW_R : P_RAW_W;
+  int won[RAW_WAYS] = {0};
+  for (int r = 0; r < rounds; r++) won[b->best_way[get][r]]++;
+  int k = snprintf(out, n, "engine memory in huge pages: %s; raw ways won rounds: %s %d, %s %d, %s %d, %s %d; ",
+                   kvt_bench_huge_pages(b->engine, (size_t)ENGINE_BLOCKS * BLOCK_BYTES) ? "yes" : "no",
+                   raw_ways[0].name, won[0], raw_ways[1].name, won[1], raw_ways[2].name, won[2], raw_ways[3].name, won[3]);
+  if (k < 0 || (size_t)k >= n) return;
+  out += k, n -= (size_t)k;
+  snprintf(out, n, "GB/s median (worst..best): straight %.3f (%.3f..%.3f), staged %.3f (%.3f..%.3f), raw %.3f "
+           "(%.3f..%.3f); cpu-s/GB median: straight %.3f, staged %.3f, raw %.3f; straight saves %.3f of the staged "
+           "path's CPU, predicted %.3f (one staging copy; a checksum costs %.3f; thread CPU here)",
+           med[kv], lo[kv], hi[kv], med[st], lo[st], hi[st], med[raw], lo[raw], hi[raw], cmed[kv], cmed[st], cmed[raw],
+           cmed[st] - cmed[kv], copy_s, sum_s);
+}
+
 static int disk_rows(const kvt_bench_micro_opts *o, kvt_bench_rows *rows) {
   char path[4200];
   snprintf(path, sizeof path, "%s/kvtier-bench-storage.kvt", pick_dir(o));
-  sbench b = {.n = o->quick ? 32 : 128};
+  sbench b = {.n = o->quick ? 32 : 512}; /* 1 GiB per pass: short passes are at the mercy of the scheduler */
   size_t rec = kvt__record_bytes(BT, BLOCK_BYTES);
   char *raw = NULL;
-  int rc = posix_memalign((void **)&b.engine, 2u << 20, (size_t)ENGINE_BLOCKS * BLOCK_BYTES) ? -ENOMEM : 0;
-  if (rc == 0 && posix_memalign((void **)&raw, KVT_RECORD_ALIGN, RAW_QD * rec)) rc = -ENOMEM;
+  /* The engine's pool and the raw passes' buffers come from the host
+   * tier's allocator (huge pages where the kernel gives them): the disk's
+   * speed depends on how many physical segments a record spans, and both
+   * sides get the same kind of memory. */
+  int rc = kvt__host_mem_alloc((size_t)ENGINE_BLOCKS * BLOCK_BYTES, (void **)&b.engine);
+  if (rc == 0) rc = kvt__host_mem_alloc(RAW_QD * rec, (void **)&raw);
   b.keys = calloc(b.n, sizeof *b.keys);
   b.pieces = malloc(b.n * sizeof *b.pieces);
-  if (!b.keys || !b.pieces) rc = -ENOMEM;
+  b.staged = malloc(b.n * sizeof *b.staged);
+  if (!b.keys || !b.pieces || !b.staged) rc = -ENOMEM;
   if (rc == 0) {
     memset(b.engine, 0x5a, (size_t)ENGINE_BLOCKS * BLOCK_BYTES);
     memset(raw, 0xa5, RAW_QD * rec);
     rc = open_storage(&b, path);
   }
-  /* Passes: raw write, put, raw read, get (a get reads the last put). */
-  double gbs[4][ROUNDS], cpu[4][ROUNDS];
+  double gbs[N_PASSES][ROUNDS], cpu[N_PASSES][ROUNDS], g[N_PASSES], cp[N_PASSES];
   int rounds = o->quick ? 3 : ROUNDS;
   for (int r = 0; rc == 0 && r < rounds; r++) {
-    /* Alternate rounds put kvtier or raw first. The raw writes land on
-     * kvtier's slots, so a get always follows its put before them. */
-    static const int orders[2][4] = {{0, 1, 2, 3}, {1, 3, 0, 2}};
-    const int *order = orders[r & 1];
-    for (int k = 0; k < 4 && rc == 0; k++) {
-      int p = order[k];
-      double c0 = cpu_now();
-      double v = p == 0 ? raw_pass(path, 1, b.n, rec, raw)
-                 : p == 1 ? storage_pass(&b, 0, (uint32_t)r)
-                 : p == 2 ? raw_pass(path, 0, b.n, rec, raw)
-                          : storage_pass(&b, 1, (uint32_t)r);
-      if (v < 0) rc = -EIO;
-      gbs[p][r] = v;
-      cpu[p][r] = v > 0 ? (cpu_now() - c0) / ((double)b.n * BLOCK_BYTES / 1e9) : 0;
-    }
+    for (int u = 0; u < 4 && rc == 0; u++) rc = run_unit(&b, path, rec, raw, (u + r) % 4, (uint32_t)r, g, cp);
+    for (int p = 0; p < N_PASSES; p++) gbs[p][r] = g[p], cpu[p][r] = cp[p];
     kvt_bench_progress("storage", (r + 1.0) / rounds);
   }
   if (rc == 0) {
-    double med[4], lo[4], hi[4], cmed[4];
-    for (int p = 0; p < 4; p++) {
+    double med[N_PASSES], lo[N_PASSES], hi[N_PASSES], cmed[N_PASSES];
+    for (int p = 0; p < N_PASSES; p++) {
       med[p] = median(gbs[p], rounds, &lo[p], &hi[p]);
       double clo, chi;
       cmed[p] = median(cpu[p], rounds, &clo, &chi);
     }
     double copy_s = 0, sum_s = 0;
-    staging_costs(&b, raw, &copy_s, &sum_s);
+    staging_costs(&b, raw, rec, &copy_s, &sum_s);
     static const char *name[2] = {"put-from 2 MiB blocks, engine memory -> disk",
                                   "get-into 2 MiB blocks, disk -> engine memory"};
     for (int w = 0; w < 2; w++) {
-      int raw_p = w ? 2 : 0, kv = w ? 3 : 1;
-      char note[160], detail[512];
-      snprintf(note, sizeof note, "limit: raw O_DIRECT io_uring %s of the same records, same file, best of depth "
-               "8/32; medians of %d rounds", w ? "reads" : "writes", rounds);
-      snprintf(detail, sizeof detail, "GB/s median (worst..best): kvtier %.3f (%.3f..%.3f), raw %.3f (%.3f..%.3f); "
-               "cpu-s/GB median: kvtier %.3f, raw %.3f; of kvtier's, a staging copy costs %.3f and a checksum %.3f "
-               "(thread CPU here)", med[kv], lo[kv], hi[kv], med[raw_p], lo[raw_p], hi[raw_p], cmed[kv], cmed[raw_p],
-               copy_s, sum_s);
-      kvt_bench_row(rows, name[w], "GB/s", med[kv], med[raw_p], 0.9, note);
+      char note[200], detail[900];
+      snprintf(note, sizeof note, "straight path; limit: raw O_DIRECT io_uring %s, same records and file, best of "
+               "qd8/qd32/qd32 fixed/qd32 vectored; medians of %d rounds", w ? "reads" : "writes", rounds);
+      storage_detail(detail, sizeof detail, &b, rounds, med, lo, hi, cmed, w, copy_s, sum_s);
+      kvt_bench_row(rows, name[w], "GB/s", med[w ? P_GET : P_PUT], med[w ? P_RAW_R : P_RAW_W], 0.9, note);
       kvt_bench_row_detail(rows, detail);
     }
   }
   kvt_close(b.c);
   unlink(path);
-  free(b.engine);
-  free(raw);
+  kvt__host_mem_free(b.engine, (size_t)ENGINE_BLOCKS * BLOCK_BYTES);
+  kvt__host_mem_free(raw, RAW_QD * rec);
   free(b.keys);
   free(b.pieces);
+  free(b.staged);
   return rc;
 }
 

@@ -2,7 +2,9 @@
  * conversations through a small host tier and a disk tier, so puts of the
  * same keys race, spills and drops run under gets, and gets race evictions.
  * Every block a get reports landed must hold exactly the bytes put for its
- * key. KVT_STRESS_SCALE scales the iterations (CI: 0.25 under TSan). */
+ * key; once through staging, once with each thread's memory registered and
+ * aligned, so disk I/O goes straight between it and the file.
+ * KVT_STRESS_SCALE scales the iterations (CI: 0.25 under TSan). */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,18 +26,53 @@ static int iters = 2000;
 
 static uint64_t seed_of(int conv, int b) { return (uint64_t)conv * 1000 + (uint64_t)b; }
 
+/* Straight mode: each thread's blocks live in a registered region, a
+ * block's two pages one page apart, so every disk put and get moves
+ * straight between that memory and the file (no host tier). */
+static int straight;
+
+/* Block b's two pieces: unaligned pointers into buf, or (straight) pages
+ * 0 and 2 of the block's 16 KiB place in the thread's region. */
+static void pieces_of(kvt_piece *p, char *buf, kvt_region reg) {
+  for (int b = 0; b < NBLK; b++) {
+    if (straight) {
+      p[2 * b] = (kvt_piece){.region = reg, .offset = (uint64_t)b * 2 * BLOCK, .len = 4096};
+      p[2 * b + 1] = (kvt_piece){.region = reg, .offset = (uint64_t)b * 2 * BLOCK + 8192, .len = BLOCK - 4096};
+      continue;
+    }
+    p[2 * b] = (kvt_piece){.ptr = buf + (size_t)b * BLOCK, .len = 3000};
+    p[2 * b + 1] = (kvt_piece){.ptr = buf + (size_t)b * BLOCK + 3000, .len = BLOCK - 3000};
+  }
+}
+
+/* The bytes of block b, wherever its pieces are, <-> img. */
+static void block_bytes(char *buf, int b, char *img, int to_buf) {
+  char *first = straight ? buf + (size_t)b * 2 * BLOCK : buf + (size_t)b * BLOCK;
+  char *second = straight ? first + 8192 : first + 4096;
+  if (to_buf) {
+    memcpy(first, img, 4096);
+    memcpy(second, img + 4096, BLOCK - 4096);
+  } else {
+    memcpy(img, first, 4096);
+    memcpy(img + 4096, second, BLOCK - 4096);
+  }
+}
+
 static void *worker(void *arg) {
   unsigned r = (unsigned)(uintptr_t)arg * 7919u + 1;
-  char *buf = malloc((size_t)NBLK * BLOCK);
+  size_t bytes = (size_t)NBLK * BLOCK * (straight ? 2 : 1);
+  char *buf = aligned_alloc(4096, bytes), img[BLOCK];
+  kvt_region reg = KVT_REGION_NONE;
+  if (straight && kvt_register_memory(cache, buf, bytes, KVT_MEM_HOST, &reg) != 0) {
+    free(buf);
+    return (void *)(intptr_t)1;
+  }
   kvt_piece p[NBLK * 2];
+  pieces_of(p, buf, reg);
   int bad = 0;
   for (int it = 0; it < iters && !bad; it++) {
     r = r * 1103515245u + 12345u;
     int conv = (int)((r >> 8) % CONVS), op = (int)((r >> 4) % 3);
-    for (int b = 0; b < NBLK; b++) {
-      p[2 * b] = (kvt_piece){.ptr = buf + (size_t)b * BLOCK, .len = 3000};
-      p[2 * b + 1] = (kvt_piece){.ptr = buf + (size_t)b * BLOCK + 3000, .len = BLOCK - 3000};
-    }
     kvt_batch bt;
     kvt_batch_init(&bt);
     bt.n_blocks = NBLK;
@@ -46,7 +83,10 @@ static void *worker(void *arg) {
     kvt_job job;
     int32_t res[NBLK];
     if (op == 0) {
-      for (int b = 0; b < NBLK; b++) kvt_test_fill(buf + (size_t)b * BLOCK, BLOCK, seed_of(conv, b));
+      for (int b = 0; b < NBLK; b++) {
+        kvt_test_fill(img, BLOCK, seed_of(conv, b));
+        block_bytes(buf, b, img, 1);
+      }
       if (kvt_put_from(cache, &bt, &job) != 1) continue;
       int st = kvt_storage_wait(cache, job, -1);
       if (st != 0 && st != KVT_ENOSPACE && st != KVT_EAGAIN) {
@@ -59,7 +99,7 @@ static void *worker(void *arg) {
       bad |= kvt_exists(cache, NULL, keys[conv], NBLK, 0, &lr, NULL) != 0;
       bad |= lr.n_prefix > NBLK || lr.n_host + lr.n_disk != lr.n_prefix;
     } else {
-      memset(buf, 0, (size_t)NBLK * BLOCK);
+      memset(buf, 0, bytes);
       if (kvt_get_into(cache, &bt, &job) != 1) continue;
       int st = kvt_storage_wait(cache, job, -1);
       if (st != 0) {
@@ -69,26 +109,28 @@ static void *worker(void *arg) {
       uint32_t ok = 0;
       bad |= kvt_storage_results(cache, job, res, NBLK, &ok) != 0;
       for (int b = 0; b < NBLK; b++)
-        if (res[b] == 0 && !kvt_test_check(buf + (size_t)b * BLOCK, BLOCK, seed_of(conv, b))) {
+        if (res[b] == 0 && (block_bytes(buf, b, img, 0), !kvt_test_check(img, BLOCK, seed_of(conv, b)))) {
           fprintf(stderr, "get: block %d of %d holds other bytes\n", b, conv);
           bad = 1;
         }
       kvt_storage_release(cache, job);
     }
   }
+  if (straight) bad |= kvt_unregister_memory(cache, reg) != 0;
   free(buf);
   return (void *)(intptr_t)bad;
 }
 
-static void four_threads_put_get_and_check(void **s) {
+static void run_threads(uint32_t host_blocks) {
+  int scaled = 2000;
   const char *e = getenv("KVT_STRESS_SCALE");
-  if (e) iters = (int)(iters * atof(e));
-  if (iters < 10) iters = 10;
+  if (e) scaled = (int)(scaled * atof(e));
+  iters = scaled < 10 ? 10 : scaled;
   kvt_config cfg;
   kvt_config_init(&cfg);
   cfg.model_fingerprint = "storage-conc";
   cfg.block_tokens = BT;
-  cfg.host_blocks = 10;
+  cfg.host_blocks = host_blocks;
   cfg.copy_threads = 2;
   char path[4200];
   snprintf(path, sizeof path, "%s/conc-storage.kvt", kvt_test_tmpdir());
@@ -122,11 +164,24 @@ static void four_threads_put_get_and_check(void **s) {
   kvt_stats st = {.size = sizeof st};
   kvt_get_stats(cache, &st);
   assert_int_equal(st.checksum_failures + st.io_errors + st.verify_mismatches, 0);
-  assert_true(st.resident_host <= 10 && st.resident_disk <= 30);
+  assert_true(st.resident_host <= host_blocks && st.resident_disk <= 30);
   kvt_close(cache);
 }
 
+static void four_threads_put_get_and_check(void **s) {
+  straight = 0;
+  run_threads(10);
+}
+
+/* The same through the straight path: engine memory <-> file, no staging,
+ * with the disk tier full and its victims dropped under reads. */
+static void four_threads_straight_to_disk(void **s) {
+  straight = 1;
+  run_threads(0);
+}
+
 int main(void) {
-  const struct CMUnitTest tests[] = {cmocka_unit_test(four_threads_put_get_and_check)};
+  const struct CMUnitTest tests[] = {cmocka_unit_test(four_threads_put_get_and_check),
+                                     cmocka_unit_test(four_threads_straight_to_disk)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

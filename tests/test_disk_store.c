@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "store/disk_store.h"
@@ -1108,6 +1109,170 @@ static void test_small_records_get_no_headroom(void **state) {
   assert_int_equal(in.ops, 8);
 }
 
+/* ---- records in pieces ---- */
+
+/* A record split as storage mode splits it: the prefix in one page, the
+ * payload (padded to whole pages) as one iovec per page, laid out in
+ * reverse page order in `pay`, so no two iovecs are adjacent. */
+typedef struct pieces {
+  char *prefix, *pay;
+  uint32_t n_pages, n_iov;
+  struct iovec iov[1 + 160];
+} pieces;
+
+static void pieces_init(fx *f, pieces *p) {
+  p->n_pages = (uint32_t)((f->rec_bytes - kvt__record_prefix_bytes(BT)) / 4096);
+  assert_true(p->n_pages + 1 <= sizeof p->iov / sizeof p->iov[0]);
+  p->prefix = aligned_alloc(4096, kvt__record_prefix_bytes(BT));
+  p->pay = aligned_alloc(4096, (size_t)p->n_pages * 4096);
+  p->iov[0] = (struct iovec){p->prefix, kvt__record_prefix_bytes(BT)};
+  for (uint32_t k = 0; k < p->n_pages; k++)
+    p->iov[1 + k] = (struct iovec){p->pay + (size_t)(p->n_pages - 1 - k) * 4096, 4096};
+  p->n_iov = 1 + p->n_pages;
+}
+
+static void pieces_free(pieces *p) {
+  free(p->prefix);
+  free(p->pay);
+}
+
+/* The record image `rec` into the pieces, or the pieces into `rec`. */
+static void pieces_scatter(fx *f, pieces *p, char *rec, int into_rec) {
+  size_t off = 0;
+  for (uint32_t k = 0; k < p->n_iov; off += p->iov[k].iov_len, k++) {
+    if (into_rec) memcpy(rec + off, p->iov[k].iov_base, p->iov[k].iov_len);
+    else memcpy(p->iov[k].iov_base, rec + off, p->iov[k].iov_len);
+  }
+  assert_int_equal(off, f->rec_bytes);
+}
+
+static int pieces_io(fx *f, pieces *p, int write, uint32_t slot, uint64_t seed) {
+  waiter *w = waiter_new();
+  kvt_key k = key_of(seed);
+  g_ws[0] = (wslot){w, 0};
+  kvt__disk_io io = {.slot = slot, .expected_key = &k, .arg = &g_ws[0], .iov = p->iov, .n_iov = p->n_iov};
+  start(w, 0, 0);
+  int rc = write ? kvt__disk_write_batch(f->d, &io, 1, on_done) : kvt__disk_read_batch(f->d, &io, 1, on_done);
+  assert_int_equal(rc, io.status ? 0 : 1);
+  if (io.status) { /* not queued: no done() */
+    pthread_mutex_lock(&w->m);
+    w->pending--;
+    pthread_mutex_unlock(&w->m);
+  }
+  waiter_wait(w);
+  rc = io.status ? io.status : w->status[0];
+  free(w);
+  return rc;
+}
+
+static int pieces_write(fx *f, pieces *p, uint32_t slot, uint64_t seed) {
+  make_rec(host(f, 4), seed);
+  pieces_scatter(f, p, host(f, 4), 0);
+  return pieces_io(f, p, 1, slot, seed);
+}
+
+/* Reads slot into the pieces and checks them against seed's record. */
+static int pieces_read(fx *f, pieces *p, uint32_t slot, uint64_t seed) {
+  memset(p->prefix, 0xee, p->iov[0].iov_len);
+  memset(p->pay, 0xee, (size_t)p->n_pages * 4096);
+  int rc = pieces_io(f, p, 0, slot, seed);
+  if (rc) return rc;
+  memset(host(f, 5), 0, f->rec_bytes);
+  pieces_scatter(f, p, host(f, 5), 1);
+  return rec_ok(host(f, 5), seed) ? 0 : -9999;
+}
+
+/* A record written in pieces reads back whole and in pieces, and one
+ * written whole reads back in pieces; recovery finds both. */
+static void pieces_case(fx *f) {
+  kvt__disk_info in;
+  kvt__disk_get_info(f->d, &in);
+  assert_int_equal(in.vectored, 1);
+  pieces p;
+  pieces_init(f, &p);
+  assert_int_equal(pieces_write(f, &p, 2, 61), 0);
+  assert_int_equal(read_sync(f, 2, 61), 0);
+  assert_int_equal(pieces_read(f, &p, 2, 61), 0);
+  assert_int_equal(write_sync(f, 7, 62), 0);
+  assert_int_equal(pieces_read(f, &p, 7, 62), 0);
+  assert_int_equal(pieces_read(f, &p, 7, 61), KVT_EMISMATCH);
+  reopen(f, NS1);
+  found r = recover(f, NULL);
+  assert_int_equal(r.n, 2);
+  assert_true(found_slot(&r, 2, 61));
+  assert_true(found_slot(&r, 7, 62));
+  assert_int_equal(pieces_read(f, &p, 2, 61), 0);
+  pieces_free(&p);
+}
+
+static void test_pieces_round_trip_both_ways(void **state) { pieces_case(*state); }
+
+static void test_pieces_round_trip_of_a_big_record(void **state) {
+  fx *f = *state;
+  reopen_big(f, 2, 0); /* hashed on the checksum threads */
+  pieces_case(f);
+}
+
+/* Checksums over the pieces catch a flipped byte; injected I/O errors and
+ * short transfers fail the one request. */
+static void test_pieces_fail_like_records(void **state) {
+  fx *f = *state;
+  pieces p;
+  pieces_init(f, &p);
+  assert_int_equal(pieces_write(f, &p, 3, 71), 0);
+  assert_int_equal(pieces_write(f, &p, 4, 72), 0);
+  poke(f, 3, kvt__record_prefix_bytes(BT) + 3 * 4096 + 17, 0x10);
+  assert_int_equal(pieces_read(f, &p, 3, 71), KVT_ECORRUPT);
+  assert_int_equal(pieces_read(f, &p, 4, 72), 0);
+  fault_plan fp = {KVT_FAULT_IO_COMPLETE, -EIO, 1};
+  kvt__fault_set(fault_hook, &fp);
+  assert_int_equal(pieces_read(f, &p, 4, 72), -EIO);
+  atomic_store(&fp.left, 1);
+  fp.code = 8192; /* short */
+  assert_int_equal(pieces_write(f, &p, 5, 73), -EIO);
+  atomic_store(&fp.left, 1);
+  fp.site = KVT_FAULT_IO_SUBMIT, fp.code = -ENOSPC;
+  assert_int_equal(pieces_read(f, &p, 4, 72), -ENOSPC);
+  kvt__fault_set(NULL, NULL);
+  assert_int_equal(pieces_read(f, &p, 4, 72), 0);
+  kvt__disk_stats st;
+  kvt__disk_get_stats(f->d, &st);
+  assert_int_equal(st.checksum_failures, 1);
+  assert_int_equal(st.io_errors, 3);
+  pieces_free(&p);
+}
+
+/* Pieces the store cannot move in one vectored I/O are refused. */
+static void test_pieces_of_the_wrong_shape(void **state) {
+  fx *f = *state;
+  pieces p;
+  pieces_init(f, &p);
+  make_rec(host(f, 4), 1);
+  pieces_scatter(f, &p, host(f, 4), 0);
+  kvt__disk_io io = {.slot = 0, .arg = NULL, .iov = p.iov, .n_iov = p.n_iov - 1}; /* a page short */
+  assert_int_equal(kvt__disk_write_batch(f->d, &io, 1, on_done), 0);
+  assert_int_equal(io.status, -EINVAL);
+  io.n_iov = 1;
+  assert_int_equal(kvt__disk_write_batch(f->d, &io, 1, on_done), 0);
+  assert_int_equal(io.status, -EINVAL);
+  io.n_iov = KVT_DISK_MAX_IOV + 1;
+  assert_int_equal(kvt__disk_read_batch(f->d, &io, 1, on_done), 0);
+  assert_int_equal(io.status, -EINVAL);
+  kvt__disk_info in;
+  kvt__disk_get_info(f->d, &in);
+  if (in.direct) { /* O_DIRECT takes whole pages only */
+    io.n_iov = p.n_iov;
+    p.iov[2].iov_base = (char *)p.iov[2].iov_base + 512;
+    assert_int_equal(kvt__disk_read_batch(f->d, &io, 1, on_done), 0);
+    assert_int_equal(io.status, -EINVAL);
+    p.iov[2].iov_base = (char *)p.iov[2].iov_base - 512;
+    p.iov[1].iov_len -= 512, p.iov[2].iov_len += 512;
+    assert_int_equal(kvt__disk_read_batch(f->d, &io, 1, on_done), 0);
+    assert_int_equal(io.status, -EINVAL);
+  }
+  pieces_free(&p);
+}
+
 #define CASE(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
 
 static int run_suite(const char *name) {
@@ -1129,6 +1294,8 @@ static int run_suite(const char *name) {
       CASE(test_small_records_get_no_headroom), CASE(test_default_checksum_threads),
       CASE(test_eio_on_one_read_of_a_full_hashed_queue),
       CASE(test_durable_write_is_synced_before_done), CASE(test_durable_failed_sync_fails_its_group),
+      CASE(test_pieces_round_trip_both_ways), CASE(test_pieces_round_trip_of_a_big_record),
+      CASE(test_pieces_fail_like_records), CASE(test_pieces_of_the_wrong_shape),
   };
   return _cmocka_run_group_tests(name, tests, sizeof tests / sizeof tests[0], NULL, NULL);
 }

@@ -5,12 +5,14 @@
  * token mismatches, removal, collection of finished jobs, and recovery of
  * blocks put through storage mode after a reopen. */
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "helpers.h"
+#include "kvtier/backend.h"
 #include "kvtier/kvtier.h"
 #include "store/record.h"
 #include "util/fault.h"
@@ -22,6 +24,7 @@ static const size_t seg_bytes[NSEG] = {1000, 3000, 4096, 8288}; /* 16384 in all 
 #define NB 12
 
 static char path[4200];
+static kvt_disk_backend backend = KVT_DISK_AUTO;
 
 typedef struct sfix {
   kvt_cache *c;
@@ -41,6 +44,7 @@ static kvt_cache *open_storage(uint32_t host, uint64_t disk, int reset) {
   cfg.disk_path = disk ? path : NULL;
   cfg.disk_blocks = disk;
   cfg.disk_reset = reset;
+  cfg.disk_backend = backend;
   kvt_cache *c = NULL;
   assert_int_equal(kvt_open(&cfg, &c), 0);
   kvt_segment seg[NSEG];
@@ -542,6 +546,380 @@ static void drain_waits_for_storage_jobs(void **s) {
   sfix_close(&f);
 }
 
+/* ---- the straight path: engine memory <-> file, no staging copy ---- */
+
+/* Counts the storage requests submitted, by op (the fault hook sees every
+ * one), and fails the `fail_nth` completion (1-based) with `fail_code`. */
+typedef struct io_tally {
+  atomic_int ops[KVT_IO_WRITEV + 1];
+  atomic_int completions;
+  int fail_nth, fail_code;
+} io_tally;
+
+static int tally_hook(void *ctx, int site, int64_t arg) {
+  io_tally *t = ctx;
+  if (site == KVT_FAULT_IO_SUBMIT && arg >= 0 && arg <= KVT_IO_WRITEV) atomic_fetch_add(&t->ops[arg], 1);
+  if (site == KVT_FAULT_IO_COMPLETE && atomic_fetch_add(&t->completions, 1) + 1 == t->fail_nth) return t->fail_code;
+  return 0;
+}
+
+static void tally_start(io_tally *t, int fail_nth, int fail_code) {
+  memset(t, 0, sizeof *t);
+  t->fail_nth = fail_nth;
+  t->fail_code = fail_code;
+  kvt__fault_set(tally_hook, t);
+}
+
+/* The engine's registered pool: NB block places of 2 * BLOCK each, 4 KiB
+ * aligned. A block is stored in one piece at the start of its place, or in
+ * BLOCK / 4096 one-page pieces on every other page (no two adjacent). */
+typedef struct pool {
+  char *mem;
+  kvt_region reg;
+} pool;
+
+#define PLACE (2u * BLOCK)
+#define PAGES (BLOCK / 4096u)
+
+static void pool_open(sfix *f, pool *p) {
+  p->mem = aligned_alloc(4096, (size_t)NB * PLACE);
+  assert_non_null(p->mem);
+  memset(p->mem, 0, (size_t)NB * PLACE);
+  assert_int_equal(kvt_register_memory(f->c, p->mem, (size_t)NB * PLACE, KVT_MEM_HOST, &p->reg), 0);
+}
+
+static void pool_close(sfix *f, pool *p) {
+  assert_int_equal(kvt_unregister_memory(f->c, p->reg), 0);
+  free(p->mem);
+}
+
+/* Piece k of block b's place (many: page k on every other page). */
+static uint64_t piece_off(uint32_t b, uint32_t k, int many) {
+  return (uint64_t)b * PLACE + (many ? (uint64_t)k * 8192 : 0);
+}
+
+/* The engine's block bytes at place b <-> a contiguous image. */
+static void pool_copy(pool *p, uint32_t b, int many, char *img, int to_pool) {
+  for (uint32_t k = 0; k < (many ? PAGES : 1); k++) {
+    char *at = p->mem + piece_off(b, k, many);
+    size_t len = many ? 4096 : BLOCK;
+    if (to_pool) memcpy(at, img + (size_t)k * 4096, len);
+    else memcpy(img + (size_t)k * 4096, at, len);
+  }
+}
+
+static void pool_fill(pool *p, uint32_t b, int many, uint64_t seed) {
+  char img[BLOCK];
+  kvt_test_fill(img, BLOCK, seed);
+  pool_copy(p, b, many, img, 1);
+}
+
+static int pool_check(pool *p, uint32_t b, int many, uint64_t seed) {
+  char img[BLOCK];
+  pool_copy(p, b, many, img, 0);
+  return kvt_test_check(img, BLOCK, seed);
+}
+
+/* How block i of a mixed batch is given: straight (registered, aligned),
+ * registered at an offset O_DIRECT refuses, or by a pointer kvtier has not
+ * registered; the last two are staged. */
+enum { GIVE_STRAIGHT, GIVE_MISALIGNED, GIVE_UNREGISTERED };
+
+static int pool_batch(sfix *f, pool *p, int get, uint32_t n, int many, const int *give, int32_t *res, uint32_t *ok) {
+  kvt_piece pc[NB * PAGES];
+  uint32_t ppb = many ? PAGES : 1;
+  for (uint32_t b = 0; b < n; b++)
+    for (uint32_t k = 0; k < ppb; k++) {
+      uint64_t off = piece_off(b, k, many);
+      int how = give ? give[b] : GIVE_STRAIGHT;
+      size_t len = many ? 4096 : BLOCK;
+      if (how == GIVE_UNREGISTERED) pc[b * ppb + k] = (kvt_piece){.ptr = blk(f, b) + (size_t)k * len, .len = len};
+      else pc[b * ppb + k] = (kvt_piece){.region = p->reg, .offset = off, .len = len};
+    }
+  kvt_batch bt;
+  kvt_batch_init(&bt);
+  bt.n_blocks = n;
+  bt.keys = f->keys;
+  bt.tokens = f->tokens;
+  bt.pieces = pc;
+  bt.pieces_per_block = ppb;
+  kvt_job job = 0;
+  assert_int_equal(get ? kvt_get_into(f->c, &bt, &job) : kvt_put_from(f->c, &bt, &job), 1);
+  int st = kvt_storage_wait(f->c, job, -1);
+  assert_int_equal(kvt_storage_results(f->c, job, res, n, ok), 0);
+  assert_int_equal(kvt_storage_release(f->c, job), 0);
+  return st;
+}
+
+/* Aligned pieces of registered memory go to the file and back in one
+ * vectored I/O per block (no plain READ/WRITE of a staged record). */
+static void straight_round_trip(int many) {
+  sfix f;
+  sfix_open(&f, 0, 64, 1);
+  pool p;
+  pool_open(&f, &p);
+  for (uint32_t b = 0; b < NB; b++) pool_fill(&p, b, many, 300 + b);
+  int32_t res[NB];
+  uint32_t ok = 0;
+  io_tally t;
+  tally_start(&t, 0, 0);
+  assert_int_equal(pool_batch(&f, &p, 0, NB, many, NULL, res, &ok), 0);
+  assert_int_equal(ok, NB);
+  assert_int_equal(atomic_load(&t.ops[KVT_IO_WRITEV]), NB);
+  assert_int_equal(atomic_load(&t.ops[KVT_IO_WRITE]), 0);
+  memset(p.mem, 0, (size_t)NB * PLACE);
+  assert_int_equal(pool_batch(&f, &p, 1, NB, many, NULL, res, &ok), 0);
+  kvt__fault_set(NULL, NULL);
+  assert_int_equal(ok, NB);
+  assert_int_equal(atomic_load(&t.ops[KVT_IO_READV]), NB);
+  assert_int_equal(atomic_load(&t.ops[KVT_IO_READ]), 0);
+  for (uint32_t b = 0; b < NB; b++) assert_true(pool_check(&p, b, many, 300 + b));
+  /* Pages between the pieces were never written. */
+  if (many)
+    for (uint32_t b = 0; b < NB; b++)
+      for (uint32_t k = 0; k < PAGES; k++)
+        for (uint32_t i = 0; i < 4096; i += 512) assert_int_equal(p.mem[piece_off(b, k, 1) + 4096 + i], 0);
+  pool_close(&f, &p);
+  sfix_close(&f);
+}
+
+static void straight_round_trip_one_piece(void **s) { straight_round_trip(0); }
+static void straight_round_trip_many_pieces(void **s) { straight_round_trip(1); }
+static void straight_round_trip_on_the_thread_backend(void **s) {
+  backend = KVT_DISK_THREADS; /* preadv / pwritev */
+  straight_round_trip(1);
+  backend = KVT_DISK_AUTO;
+}
+
+/* One batch mixing straight and staged blocks runs both paths; records
+ * written straight read back staged and the other way round. */
+static void straight_and_staged_blocks_in_one_batch(void **s) {
+  sfix f;
+  sfix_open(&f, 0, 64, 1);
+  pool p;
+  pool_open(&f, &p);
+  int give[NB], other[NB];
+  uint32_t straight = 0;
+  for (uint32_t b = 0; b < NB; b++) {
+    give[b] = (int)(b % 3);
+    other[b] = give[b] == GIVE_STRAIGHT ? GIVE_UNREGISTERED : GIVE_STRAIGHT;
+    straight += give[b] == GIVE_STRAIGHT;
+  }
+  /* Misaligned blocks sit 512 bytes into their place. */
+  for (uint32_t b = 0; b < NB; b++) {
+    char img[BLOCK];
+    kvt_test_fill(img, BLOCK, 400 + b);
+    if (give[b] == GIVE_UNREGISTERED) memcpy(blk(&f, b), img, BLOCK);
+    else memcpy(p.mem + piece_off(b, 0, 0) + (give[b] == GIVE_MISALIGNED ? 512 : 0), img, BLOCK);
+  }
+  kvt_piece pc[NB];
+  for (uint32_t b = 0; b < NB; b++)
+    pc[b] = give[b] == GIVE_UNREGISTERED ? (kvt_piece){.ptr = blk(&f, b), .len = BLOCK}
+            : (kvt_piece){.region = p.reg, .offset = piece_off(b, 0, 0) + (give[b] == GIVE_MISALIGNED ? 512 : 0),
+                          .len = BLOCK};
+  kvt_batch bt;
+  kvt_batch_init(&bt);
+  bt.n_blocks = NB;
+  bt.keys = f.keys;
+  bt.tokens = f.tokens;
+  bt.pieces = pc;
+  kvt_job job;
+  io_tally t;
+  tally_start(&t, 0, 0);
+  assert_int_equal(kvt_put_from(f.c, &bt, &job), 1);
+  assert_int_equal(kvt_storage_wait(f.c, job, -1), 0);
+  assert_int_equal(kvt_storage_release(f.c, job), 0);
+  assert_int_equal(atomic_load(&t.ops[KVT_IO_WRITEV]), straight);
+  assert_int_equal(atomic_load(&t.ops[KVT_IO_WRITE]), NB - straight);
+  /* Back with the kinds swapped: straight where it was staged. */
+  memset(p.mem, 0, (size_t)NB * PLACE);
+  memset(f.mem, 0, (size_t)NB * (BLOCK + 64));
+  int32_t res[NB];
+  uint32_t ok = 0;
+  assert_int_equal(pool_batch(&f, &p, 1, NB, 0, other, res, &ok), 0);
+  kvt__fault_set(NULL, NULL);
+  assert_int_equal(ok, NB);
+  assert_int_equal(atomic_load(&t.ops[KVT_IO_READV]), NB - straight);
+  assert_int_equal(atomic_load(&t.ops[KVT_IO_READ]), straight);
+  for (uint32_t b = 0; b < NB; b++) {
+    if (other[b] == GIVE_STRAIGHT) assert_true(pool_check(&p, b, 0, 400 + b));
+    else assert_true(kvt_test_check(blk(&f, b), BLOCK, 400 + b));
+  }
+  pool_close(&f, &p);
+  sfix_close(&f);
+}
+
+/* An I/O error or a short transfer on the straight path fails its own
+ * block only: a failed put leaves nothing stored, a failed get reports
+ * its block not landed while the others land byte-exact. */
+static void straight_io_errors_fail_their_blocks(int code) {
+  sfix f;
+  sfix_open(&f, 0, 64, 1);
+  pool p;
+  pool_open(&f, &p);
+  for (uint32_t b = 0; b < NB; b++) pool_fill(&p, b, 1, 500 + b);
+  int32_t res[NB];
+  uint32_t ok = 0;
+  io_tally t;
+  tally_start(&t, 3, code);
+  assert_int_equal(pool_batch(&f, &p, 0, NB, 1, NULL, res, &ok), -EIO);
+  kvt__fault_set(NULL, NULL);
+  int bad = -1, n_bad = 0;
+  for (int b = 0; b < NB; b++)
+    if (res[b]) bad = b, n_bad++;
+  assert_int_equal(n_bad, 1);
+  assert_int_equal(res[bad], -EIO);
+  assert_int_equal(ok, (uint32_t)bad);
+  assert_int_equal(exists(&f, NB).n_prefix, (uint32_t)bad);
+  assert_int_equal(pool_batch(&f, &p, 0, NB, 1, NULL, res, &ok), 0); /* the failed one stored anew */
+  for (int b = 0; b < NB; b++) assert_int_equal(res[b], b == bad ? 0 : 1);
+  memset(p.mem, 0, (size_t)NB * PLACE);
+  tally_start(&t, 5, code);
+  assert_int_equal(pool_batch(&f, &p, 1, NB, 1, NULL, res, &ok), -EIO);
+  kvt__fault_set(NULL, NULL);
+  n_bad = 0;
+  for (int b = 0; b < NB; b++) {
+    if (res[b]) bad = b, n_bad++;
+    else assert_true(pool_check(&p, (uint32_t)b, 1, 500 + b));
+  }
+  assert_int_equal(n_bad, 1);
+  assert_int_equal(res[bad], -EIO);
+  assert_int_equal(ok, (uint32_t)bad);
+  kvt_stats st = {.size = sizeof st};
+  kvt_get_stats(f.c, &st);
+  assert_int_equal(st.io_errors, 2);
+  pool_close(&f, &p);
+  sfix_close(&f);
+}
+
+static void straight_io_error_fails_its_block(void **s) { straight_io_errors_fail_their_blocks(-EIO); }
+static void straight_short_transfer_fails_its_block(void **s) { straight_io_errors_fail_their_blocks(8192); }
+
+/* With a kvtier host pool, puts land there (a copy) and spill to disk as
+ * whole records; a get of the blocks held only on disk reads them straight
+ * into the engine's memory, the others are copied from the host pool. */
+static void straight_gets_of_spilled_blocks(void **s) {
+  sfix f;
+  sfix_open(&f, 4, 64, 1);
+  pool p;
+  pool_open(&f, &p);
+  for (uint32_t b = 0; b < NB; b++) pool_fill(&p, b, 0, 800 + b);
+  int32_t res[NB];
+  uint32_t ok = 0;
+  assert_int_equal(pool_batch(&f, &p, 0, NB, 0, NULL, res, &ok), 0);
+  assert_int_equal(ok, NB);
+  kvt_drain(f.c);
+  kvt_lookup_result r = exists(&f, NB);
+  assert_int_equal(r.n_prefix, NB);
+  assert_true(r.n_disk >= NB - 4);
+  memset(p.mem, 0, (size_t)NB * PLACE);
+  io_tally t;
+  tally_start(&t, 0, 0);
+  assert_int_equal(pool_batch(&f, &p, 1, NB, 1, NULL, res, &ok), 0);
+  kvt__fault_set(NULL, NULL);
+  assert_int_equal(ok, NB);
+  assert_int_equal(atomic_load(&t.ops[KVT_IO_READV]), r.n_disk);
+  assert_int_equal(atomic_load(&t.ops[KVT_IO_READ]), 0);
+  for (uint32_t b = 0; b < NB; b++) assert_true(pool_check(&p, b, 1, 800 + b));
+  pool_close(&f, &p);
+  sfix_close(&f);
+}
+
+/* The disk slot holding key k (read behind the cache's back), or -1. */
+static int slot_of(const kvt_key *k, uint64_t slots) {
+  size_t rec = kvt__record_bytes(BT, BLOCK);
+  int fd = open(path, O_RDONLY);
+  assert_true(fd >= 0);
+  int found = -1;
+  for (uint64_t sl = 0; sl < slots && found < 0; sl++) {
+    kvt__record_hdr h;
+    assert_int_equal(pread(fd, &h, sizeof h, 4096 + (off_t)(sl * rec)), (ssize_t)sizeof h);
+    if (h.key.lo == k->lo && h.key.hi == k->hi) found = (int)sl;
+  }
+  close(fd);
+  return found;
+}
+
+static void flip_payload_byte(int slot, size_t at) {
+  size_t rec = kvt__record_bytes(BT, BLOCK);
+  int fd = open(path, O_RDWR);
+  assert_true(fd >= 0);
+  off_t off = 4096 + (off_t)slot * (off_t)rec + (off_t)kvt__record_prefix_bytes(BT) + (off_t)at;
+  char b;
+  assert_int_equal(pread(fd, &b, 1, off), 1);
+  b ^= 0x21;
+  assert_int_equal(pwrite(fd, &b, 1, off), 1);
+  fsync(fd);
+  posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  close(fd);
+}
+
+/* A record that fails its checksum on the straight path fails its block
+ * (the engine's bytes there are not to be used; the block is not landed),
+ * is counted, and is dropped; the other blocks land byte-exact. The
+ * checksum covers every piece: a byte flipped in the last one is caught. */
+static void straight_checksum_failures_fail_their_blocks(void **s) {
+  sfix f;
+  sfix_open(&f, 0, 64, 1);
+  pool p;
+  pool_open(&f, &p);
+  for (uint32_t b = 0; b < NB; b++) pool_fill(&p, b, 1, 600 + b);
+  int32_t res[NB];
+  uint32_t ok = 0;
+  assert_int_equal(pool_batch(&f, &p, 0, NB, 1, NULL, res, &ok), 0);
+  int s5 = slot_of(&f.keys[5], 64), s9 = slot_of(&f.keys[9], 64);
+  assert_true(s5 >= 0 && s9 >= 0);
+  flip_payload_byte(s5, 100);
+  flip_payload_byte(s9, BLOCK - 1);
+  memset(p.mem, 0, (size_t)NB * PLACE);
+  io_tally t;
+  tally_start(&t, 0, 0);
+  assert_int_equal(pool_batch(&f, &p, 1, NB, 1, NULL, res, &ok), KVT_ECORRUPT);
+  kvt__fault_set(NULL, NULL);
+  assert_int_equal(atomic_load(&t.ops[KVT_IO_READV]), NB);
+  assert_int_equal(ok, 5);
+  for (uint32_t b = 0; b < NB; b++) {
+    if (b == 5 || b == 9) assert_int_equal(res[b], KVT_ECORRUPT);
+    else assert_true(res[b] == 0 && pool_check(&p, b, 1, 600 + b));
+  }
+  kvt_stats st = {.size = sizeof st};
+  kvt_get_stats(f.c, &st);
+  assert_int_equal(st.checksum_failures, 2);
+  assert_int_equal(exists(&f, NB).n_prefix, 5); /* block 5's record was dropped */
+  pool_close(&f, &p);
+  sfix_close(&f);
+}
+
+/* Blocks written straight are recovered after a reopen and read back
+ * both ways. */
+static void straight_blocks_survive_a_reopen(void **s) {
+  sfix f;
+  sfix_open(&f, 0, 64, 1);
+  pool p;
+  pool_open(&f, &p);
+  for (uint32_t b = 0; b < NB; b++) pool_fill(&p, b, 0, 700 + b);
+  int32_t res[NB];
+  uint32_t ok = 0;
+  assert_int_equal(pool_batch(&f, &p, 0, NB, 0, NULL, res, &ok), 0);
+  pool_close(&f, &p);
+  sfix_close(&f);
+  sfix_open(&f, 0, 64, 0);
+  kvt_stats st = {.size = sizeof st};
+  kvt_get_stats(f.c, &st);
+  assert_int_equal(st.disk_recovered, NB);
+  assert_int_equal(exists(&f, NB).n_disk, NB);
+  pool_open(&f, &p);
+  assert_int_equal(pool_batch(&f, &p, 1, NB, 1, NULL, res, &ok), 0); /* straight, other pieces */
+  assert_int_equal(ok, NB);
+  for (uint32_t b = 0; b < NB; b++) assert_true(pool_check(&p, b, 1, 700 + b));
+  memset(f.mem, 0, (size_t)NB * (BLOCK + 64));
+  assert_int_equal(do_batch(&f, 1, 0, NB, 1, f.tokens, 0, res, &ok), 0); /* staged */
+  assert_int_equal(ok, NB);
+  assert_true(blocks_match(&f, 0, NB, 7)); /* seeds 700 + b */
+  pool_close(&f, &p);
+  sfix_close(&f);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(round_trip_host_one_piece),
@@ -561,6 +939,15 @@ int main(void) {
       cmocka_unit_test(prefetch_promotes_disk_blocks_to_host),
       cmocka_unit_test(a_get_leaves_ancestors_more_recent_than_tails),
       cmocka_unit_test(drain_waits_for_storage_jobs),
+      cmocka_unit_test(straight_round_trip_one_piece),
+      cmocka_unit_test(straight_round_trip_many_pieces),
+      cmocka_unit_test(straight_round_trip_on_the_thread_backend),
+      cmocka_unit_test(straight_and_staged_blocks_in_one_batch),
+      cmocka_unit_test(straight_gets_of_spilled_blocks),
+      cmocka_unit_test(straight_io_error_fails_its_block),
+      cmocka_unit_test(straight_short_transfer_fails_its_block),
+      cmocka_unit_test(straight_checksum_failures_fail_their_blocks),
+      cmocka_unit_test(straight_blocks_survive_a_reopen),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -82,7 +82,12 @@ KVT_API const kvt_dev_backend *kvt_dev_backend_cuda(void);
 /* lengths are multiples of 4096 and buffers 4096-aligned (O_DIRECT).  */
 /* ------------------------------------------------------------------ */
 
-enum { KVT_IO_READ = 0, KVT_IO_WRITE = 1, KVT_IO_FSYNC = 2 };
+/* READV/WRITEV (backends declaring KVT_IO_CAP_VECTORED) move one record
+ * between the file and several buffers, as io_uring's IORING_OP_READV does:
+ * buf is a `const struct iovec *` (owned by the caller until the
+ * completion), len the number of iovecs (at most 1024), and the completion
+ * counts the bytes of all of them. */
+enum { KVT_IO_READ = 0, KVT_IO_WRITE = 1, KVT_IO_FSYNC = 2, KVT_IO_READV = 3, KVT_IO_WRITEV = 4 };
 
 typedef struct kvt_io_req {
   int op;            /* KVT_IO_* */
@@ -106,7 +111,10 @@ typedef struct kvt_io_open_args {
   uint32_t n_bufs;
 } kvt_io_open_args;
 
-#define KVT_IO_BACKEND_VERSION 1
+/* Version 2 appended `caps`. */
+#define KVT_IO_BACKEND_VERSION 2
+
+#define KVT_IO_CAP_VECTORED 0x1u /* takes KVT_IO_READV / KVT_IO_WRITEV */
 
 typedef struct kvt_io_backend {
   int version;
@@ -120,6 +128,9 @@ typedef struct kvt_io_backend {
   /* Reaps up to max completions, waiting for at least min_wait of them
    * (timeout_ns < 0: forever). Returns the count or -errno. One thread reaps. */
   int (*reap)(void *ctx, kvt_io_cqe *cqes, uint32_t max, uint32_t min_wait, int64_t timeout_ns);
+  /* Version >= 2: KVT_IO_CAP_* bits. The disk store sends a backend only
+   * the ops its caps name (READ, WRITE and FSYNC always). */
+  uint32_t caps;
 } kvt_io_backend;
 
 KVT_API const kvt_io_backend *kvt_io_backend_uring(void);

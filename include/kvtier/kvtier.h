@@ -635,9 +635,15 @@ KVT_API int kvt_get_stats(kvt_cache *c, kvt_stats *st);
  * 0: 2), never on the caller: each batch call returns at once with a job,
  * whose per-block results are polled or collected in batches. Engine memory named
  * by a job must stay valid, and (for puts) unchanged, until the job is over.
- * Memory regions are only needed for device memory; registering host memory
- * is optional (it lets pieces name region + offset, as an allocator's page
- * indices do). */
+ * Memory regions are only needed for device memory. Registering host memory
+ * is optional; it lets pieces name region + offset, as an allocator's page
+ * indices do, and it opens the straight path: a block moved to or from the
+ * disk tier whose pieces all lie in registered host regions, each starting
+ * on a 4 KiB boundary and a multiple of 4 KiB long, goes between the
+ * engine's memory and the file in one vectored I/O, without kvtier's
+ * staging copy (its checksum is computed and verified over the pieces in
+ * place, with the same value either way, so records written one way read
+ * back the other). Any other block goes through staging. */
 
 typedef uint32_t kvt_region;
 #define KVT_REGION_NONE 0u
@@ -724,8 +730,11 @@ KVT_API int kvt_put_from(kvt_cache *c, const kvt_batch *b, kvt_job *job);
  * reported now (less max_blocks). Per-block results: 0 landed, 1 not loaded
  * (past the prefix or max_blocks: compute it), or the block's error
  * (KVT_ECORRUPT checksum, KVT_EMISMATCH tokens, -EIO...: compute it; a disk
- * record that failed is dropped). Returns 1 with *job, or the errors of
- * kvt_put_from. Does not block. */
+ * record that failed is dropped). A block whose result is not 0 may have
+ * had any bytes written into its pieces (the straight path reads the file
+ * into them before the checksum can be verified): treat its memory as
+ * garbage. Returns 1 with *job, or the errors of kvt_put_from. Does not
+ * block. */
 KVT_API int kvt_get_into(kvt_cache *c, const kvt_batch *b, kvt_job *job);
 
 /* Removes keys[0..n) from every tier (a disk record is tombstoned so a

@@ -32,6 +32,7 @@ int kvt__storage_layout_ok(kvt_cache *c, const kvt_layout *l) {
 }
 
 static void storage_free(kvt__storage *s, uint32_t n_jobs) {
+  size_t ring = s->ring_bytes;
   if (s->jobs)
     for (uint32_t j = 0; j < n_jobs; j++) {
       free(s->jobs[j].blocks);
@@ -40,7 +41,11 @@ static void storage_free(kvt__storage *s, uint32_t n_jobs) {
       free(s->jobs[j].tokens);
     }
   if (s->workers)
-    for (uint32_t w = 0; w < s->n_workers; w++) free(s->workers[w].stage[0].rec);
+    for (uint32_t w = 0; w < s->n_workers; w++) {
+      if (s->workers[w].stage[0].rec) kvt__host_mem_free(s->workers[w].stage[0].rec, ring);
+      free(s->workers[w].straight[0].rec);
+      free(s->workers[w].straight[0].iov);
+    }
   free(s->jobs);
   free(s->free_jobs);
   free(s->queue);
@@ -63,12 +68,21 @@ static int storage_alloc(kvt_cache *c, kvt__storage *s) {
     s->jobs[j].gen = c->salt + j * 0x7f4a7c15u;
     s->free_jobs[s->n_free++] = n - 1 - j;
   }
+  if (c->disk) {
+    kvt__disk_info di;
+    kvt__disk_get_info(c->disk, &di);
+    s->straight = di.vectored;
+  }
   uint32_t want = c->cfg.copy_threads ? c->cfg.copy_threads : 2;
   s->n_workers = want > 4 ? 4 : want;
   s->workers = calloc(s->n_workers, sizeof *s->workers);
   if (!s->workers) return -ENOMEM;
-  /* Disk I/O goes through each worker's ring of aligned record images. */
+  /* Disk I/O goes through each worker's ring of aligned record images, in
+   * memory with the host pool's huge-page hint (a staged record is then a
+   * few physically contiguous segments for the block device, not one per
+   * 4 KiB page). */
   size_t ring = kvt__has_tier(c, KVT__T_DISK) ? c->record_bytes * KVT__STAGE_DEPTH : 0;
+  s->ring_bytes = ring;
   for (uint32_t w = 0; w < s->n_workers; w++) {
     kvt__sworker *wk = &s->workers[w];
     wk->c = c;
@@ -76,11 +90,27 @@ static int storage_alloc(kvt_cache *c, kvt__storage *s) {
       wk->stage[k].block = KVT__NONE;
       wk->stage[k].w = wk;
     }
+    for (uint32_t k = 0; k < KVT__STRAIGHT_DEPTH; k++) {
+      wk->straight[k].block = KVT__NONE;
+      wk->straight[k].w = wk;
+    }
     if (!ring) continue;
     void *mem = NULL;
-    if (posix_memalign(&mem, KVT_RECORD_ALIGN, ring) != 0) return -ENOMEM;
-    memset(mem, 0, ring);
+    int rc = kvt__host_mem_alloc(ring, &mem);
+    if (rc) return rc;
     for (uint32_t k = 0; k < KVT__STAGE_DEPTH; k++) wk->stage[k].rec = (char *)mem + k * c->record_bytes;
+    if (!s->straight) continue;
+    size_t prefix = kvt__record_prefix_bytes(c->bt);
+    void *pre = NULL;
+    if (posix_memalign(&pre, KVT_RECORD_ALIGN, prefix * KVT__STRAIGHT_DEPTH) != 0) return -ENOMEM;
+    memset(pre, 0, prefix * KVT__STRAIGHT_DEPTH);
+    wk->straight[0].rec = pre;
+    struct iovec *iov = calloc((size_t)KVT__STRAIGHT_DEPTH * KVT__STRAIGHT_IOV, sizeof *iov);
+    if (!iov) return -ENOMEM;
+    for (uint32_t k = 0; k < KVT__STRAIGHT_DEPTH; k++) {
+      wk->straight[k].rec = (char *)pre + k * prefix;
+      wk->straight[k].iov = iov + (size_t)k * KVT__STRAIGHT_IOV;
+    }
   }
   return 0;
 }
@@ -267,6 +297,7 @@ static int resolve_pieces(kvt_cache *c, kvt__sjob *jb, const kvt_batch *b) {
       if (!p->len || p->len > c->block_bytes || p->reserved) return -EINVAL;
       q->len = p->len;
       q->device = 0;
+      q->registered = 0;
       if (p->region == KVT_REGION_NONE) {
         if (!p->ptr) return -EINVAL;
         q->ptr = p->ptr;
@@ -276,6 +307,7 @@ static int resolve_pieces(kvt_cache *c, kvt__sjob *jb, const kvt_batch *b) {
         if (p->offset > g->len || p->len > g->len - p->offset) return -EINVAL;
         q->ptr = g->base + p->offset;
         q->device = g->kind == KVT_MEM_DEVICE;
+        q->registered = 1;
         jb->regions |= 1ull << (p->region - 1);
       }
       sum += p->len;

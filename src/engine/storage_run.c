@@ -1,5 +1,6 @@
 /* Storage mode workers: make room, move bytes between the engine's pieces
- * and record images, commit per-block results (storage.h). */
+ * and record images (or straight between the pieces and the file),
+ * commit per-block results (storage.h). */
 #include <errno.h>
 #include <string.h>
 #include <unistd.h>
@@ -28,6 +29,31 @@ static int copy_pieces(kvt__sjob *jb, uint32_t i, char *payload, int to_engine) 
     }
   }
   return 0;
+}
+
+/* The iovecs of block i's record moved straight: the prefix, then the
+ * block's pieces with adjacent ones merged, written to v when non-NULL.
+ * Returns their count, or 0 when the block goes through staging: a piece
+ * outside a registered host region, an address or length O_DIRECT would
+ * refuse, or more runs than a straight stage holds. */
+static uint32_t straight_iov(kvt_cache *c, const kvt__sjob *jb, uint32_t i, void *prefix, struct iovec *v) {
+  if (!c->storage->straight) return 0;
+  const kvt__spiece *p = &jb->pieces[(size_t)i * jb->ppb];
+  char *end = NULL; /* of the last run */
+  uint32_t n = 1;
+  if (v) v[0] = (struct iovec){prefix, kvt__record_prefix_bytes(c->bt)};
+  for (uint32_t k = 0; k < jb->ppb; k++) {
+    if (p[k].device || !p[k].registered || (((uintptr_t)p[k].ptr | p[k].len) & (KVT_RECORD_ALIGN - 1))) return 0;
+    if (n > 1 && end == p[k].ptr) {
+      if (v) v[n - 1].iov_len += p[k].len;
+    } else {
+      if (n == KVT__STRAIGHT_IOV) return 0;
+      if (v) v[n] = (struct iovec){p[k].ptr, p[k].len};
+      n++;
+    }
+    end = p[k].ptr + p[k].len;
+  }
+  return n;
 }
 
 /* Record identity of put block i (the disk store seals the rest). */
@@ -117,8 +143,10 @@ static void stage_retire(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb, kvt__stag
   uint32_t i = st->block;
   st->block = KVT__NONE;
   if (jb->kind == KVT__SJ_GET) {
+    /* Straight: the payload is already in the engine's pieces (and, on a
+     * failure, so may be any bytes: the block is reported not landed). */
     if (status == 0) status = verify_tokens(c, jb, i, st->rec);
-    if (status == 0) status = copy_pieces(jb, i, kvt__record_payload(st->rec, c->bt), 1);
+    if (status == 0 && !st->n_iov) status = copy_pieces(jb, i, kvt__record_payload(st->rec, c->bt), 1);
   }
   pthread_mutex_lock(&c->lock);
   if (jb->kind == KVT__SJ_GET) get_commit(c, jb, i, status);
@@ -126,10 +154,39 @@ static void stage_retire(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb, kvt__stag
   pthread_mutex_unlock(&c->lock);
 }
 
-static kvt__stage *stage_next(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb) {
-  kvt__stage *st = &w->stage[w->next];
-  w->next = (w->next + 1) % KVT__STAGE_DEPTH;
+/* A stage of the ring whose I/O is over (its block retired here) or that
+ * is idle, the first from *next on; waits while all are in flight. Any
+ * finished one will do: waiting for the oldest would idle the disk behind
+ * one record held up (a checksum thread not scheduled, a slow request). */
+static kvt__stage *ring_take(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb, kvt__stage *ring, uint32_t n,
+                             uint32_t *next) {
+  kvt__stage *st = NULL;
+  pthread_mutex_lock(&w->lock);
+  while (!st) {
+    for (uint32_t k = 0; k < n && !st; k++)
+      if (!ring[(*next + k) % n].in_flight) {
+        st = &ring[(*next + k) % n];
+        *next = (*next + k + 1) % n;
+      }
+    if (!st) pthread_cond_wait(&w->cond, &w->lock);
+  }
+  pthread_mutex_unlock(&w->lock);
   stage_retire(c, w, jb, st);
+  return st;
+}
+
+/* The next stage for block i, its previous block retired: a straight one
+ * (its iovecs filled in) when the block can go straight, else a staging
+ * record (n_iov 0). */
+static kvt__stage *stage_next(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb, uint32_t i) {
+  kvt__stage *st;
+  if (straight_iov(c, jb, i, NULL, NULL)) {
+    st = ring_take(c, w, jb, w->straight, KVT__STRAIGHT_DEPTH, &w->next_straight);
+    st->n_iov = straight_iov(c, jb, i, st->rec, st->iov);
+  } else {
+    st = ring_take(c, w, jb, w->stage, KVT__STAGE_DEPTH, &w->next);
+    st->n_iov = 0;
+  }
   return st;
 }
 
@@ -141,19 +198,23 @@ static void stage_submit(kvt_cache *c, kvt__stage *st, uint32_t i, kvt__sjob *jb
   pthread_mutex_lock(&c->lock);
   slot = kvt__E(c, jb->blocks[i].entry)->slot[KVT__T_DISK];
   pthread_mutex_unlock(&c->lock);
+  kvt__disk_io io = {.slot = slot, .rec = st->rec, .arg = st, .iov = st->n_iov ? st->iov : NULL, .n_iov = st->n_iov};
   int rc;
   if (jb->kind == KVT__SJ_PUT) {
-    rc = kvt__disk_write(c->disk, slot, st->rec, stage_done, st);
+    rc = kvt__disk_write_batch(c->disk, &io, 1, stage_done);
   } else {
     /* Two gets of one block both read its slot, and the store takes one
      * operation per slot at a time: the second waits for the first. */
-    while ((rc = kvt__disk_read(c->disk, slot, st->rec, &jb->keys[i], stage_done, st)) == KVT_EBUSY) usleep(20);
+    io.expected_key = &jb->keys[i];
+    while ((rc = kvt__disk_read_batch(c->disk, &io, 1, stage_done)) >= 0 && io.status == KVT_EBUSY) usleep(20);
   }
+  if (rc >= 0) rc = io.status;
   if (rc != 0) stage_done(st, rc);
 }
 
 static void stage_drain(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb) {
   for (uint32_t k = 0; k < KVT__STAGE_DEPTH; k++) stage_retire(c, w, jb, &w->stage[k]);
+  for (uint32_t k = 0; k < KVT__STRAIGHT_DEPTH; k++) stage_retire(c, w, jb, &w->straight[k]);
 }
 
 /* ---- puts ---- */
@@ -187,6 +248,16 @@ static void run_put(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb) {
   for (uint32_t from = 0; from < jb->n_blocks; from += chunk) {
     uint32_t to = from + chunk < jb->n_blocks ? from + chunk : jb->n_blocks;
     pthread_mutex_lock(&c->lock);
+    /* Blocks still in flight hold their slots, and only this worker can
+     * retire them: when the tier has too few free slots for this chunk,
+     * they finish first (and become evictable) before room is made, which
+     * may wait. With enough free slots, taking them waits for nothing, so
+     * the disk stays busy while this chunk starts. */
+    if (c->slots[tier].n_free < to - from) {
+      pthread_mutex_unlock(&c->lock);
+      stage_drain(c, w, jb);
+      pthread_mutex_lock(&c->lock);
+    }
     put_take_slots(c, jb, from, to, tier);
     pthread_mutex_unlock(&c->lock);
     kvt__flush_submits(c); /* spills the room-making started */
@@ -202,9 +273,9 @@ static void run_put(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb) {
         put_commit(c, jb, i, rc);
         pthread_mutex_unlock(&c->lock);
       } else {
-        kvt__stage *st = stage_next(c, w, jb);
+        kvt__stage *st = stage_next(c, w, jb, i);
         fill_identity(c, jb, i, st->rec, parent);
-        int rc = copy_pieces(jb, i, kvt__record_payload(st->rec, c->bt), 0);
+        int rc = st->n_iov ? 0 : copy_pieces(jb, i, kvt__record_payload(st->rec, c->bt), 0);
         if (rc) {
           pthread_mutex_lock(&c->lock);
           put_commit(c, jb, i, rc);
@@ -214,8 +285,8 @@ static void run_put(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb) {
         stage_submit(c, st, i, jb);
       }
     }
-    stage_drain(c, w, jb);
   }
+  stage_drain(c, w, jb);
 }
 
 /* ---- gets ---- */
@@ -233,7 +304,7 @@ static void run_get(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb) {
       get_commit(c, jb, i, rc);
       pthread_mutex_unlock(&c->lock);
     } else {
-      stage_submit(c, stage_next(c, w, jb), i, jb);
+      stage_submit(c, stage_next(c, w, jb, i), i, jb);
     }
   }
   stage_drain(c, w, jb);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "kvtier/backend.h"
@@ -42,8 +43,32 @@ static int do_rw(int fd, const kvt_io_req *r) {
   return (int)done;
 }
 
+/* Vectored: one preadv/pwritev, and the rest (a short transfer) one
+ * iovec at a time through do_rw. */
+static int do_rwv(int fd, const kvt_io_req *r) {
+  const struct iovec *iov = r->buf;
+  int rd = r->op == KVT_IO_READV;
+  ssize_t k;
+  do k = rd ? preadv(fd, iov, (int)r->len, (off_t)r->offset) : pwritev(fd, iov, (int)r->len, (off_t)r->offset);
+  while (k < 0 && (errno == EINTR || errno == EAGAIN));
+  if (k < 0) return -errno;
+  size_t done = (size_t)k, at = 0;
+  for (uint32_t i = 0; i < r->len; at += iov[i].iov_len, i++) {
+    if (done >= at + iov[i].iov_len) continue;
+    size_t skip = done > at ? done - at : 0;
+    kvt_io_req one = {rd ? KVT_IO_READ : KVT_IO_WRITE, -1, r->offset + at + skip, (char *)iov[i].iov_base + skip,
+                      (uint32_t)(iov[i].iov_len - skip), NULL};
+    int got = do_rw(fd, &one);
+    if (got < 0) return done ? (int)done : got;
+    done += (size_t)got;
+    if ((size_t)got < one.len) break; /* end of file */
+  }
+  return (int)done;
+}
+
 static int do_req(int fd, const kvt_io_req *r) {
   if (r->op == KVT_IO_FSYNC) return fdatasync(fd) < 0 ? -errno : 0;
+  if (r->op == KVT_IO_READV || r->op == KVT_IO_WRITEV) return do_rwv(fd, r);
   return do_rw(fd, r);
 }
 
@@ -134,7 +159,7 @@ static int thr_open(const kvt_io_open_args *a, void **out) {
 static int thr_submit(void *ctx, const kvt_io_req *reqs, uint32_t n) {
   thr_ctx *c = ctx;
   for (uint32_t i = 0; i < n; i++)
-    if (reqs[i].op < KVT_IO_READ || reqs[i].op > KVT_IO_FSYNC) return -EINVAL;
+    if (reqs[i].op < KVT_IO_READ || reqs[i].op > KVT_IO_WRITEV) return -EINVAL;
   pthread_mutex_lock(&c->lock);
   uint32_t room = c->depth - c->inflight;
   if (n > room) n = room;
@@ -188,6 +213,7 @@ static const kvt_io_backend threads_backend = {
     .close = thr_close,
     .submit = thr_submit,
     .reap = thr_reap,
+    .caps = KVT_IO_CAP_VECTORED,
 };
 
 const kvt_io_backend *kvt_io_backend_threads(void) { return &threads_backend; }

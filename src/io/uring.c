@@ -1,7 +1,8 @@
 /* io_uring storage backend: the file registered as a fixed file, the host
  * pool registered as fixed buffers, one io_uring_submit per batch, and
  * completions reaped in batches from the CQ ring (a syscall only when the
- * ring is empty and the caller wants to wait). Submitters share the SQ under
+ * ring is empty and the caller wants to wait). Records split between
+ * kvtier's memory and the engine's go as READV/WRITEV. Submitters share the SQ under
  * a mutex; the single reaper touches only the CQ, which needs no lock. */
 #include <errno.h>
 #include <liburing.h>
@@ -141,8 +142,10 @@ static int fixed_index(const uring_ctx *c, const kvt_io_req *r) {
 }
 
 static void prep_one(uring_ctx *c, struct io_uring_sqe *sqe, const kvt_io_req *r) {
-  int fi = r->op == KVT_IO_FSYNC ? -1 : fixed_index(c, r);
+  int fi = r->op == KVT_IO_READ || r->op == KVT_IO_WRITE ? fixed_index(c, r) : -1;
   if (r->op == KVT_IO_FSYNC) io_uring_prep_fsync(sqe, c->fd, IORING_FSYNC_DATASYNC);
+  else if (r->op == KVT_IO_READV) io_uring_prep_readv(sqe, c->fd, r->buf, r->len, r->offset);
+  else if (r->op == KVT_IO_WRITEV) io_uring_prep_writev(sqe, c->fd, r->buf, r->len, r->offset);
   else if (r->op == KVT_IO_READ && fi >= 0)
     io_uring_prep_read_fixed(sqe, c->fd, r->buf, r->len, r->offset, fi);
   else if (r->op == KVT_IO_READ) io_uring_prep_read(sqe, c->fd, r->buf, r->len, r->offset);
@@ -171,7 +174,7 @@ static int uring_submit(void *ctx, const kvt_io_req *reqs, uint32_t n) {
   uring_ctx *c = ctx;
   uint32_t done = 0;
   for (uint32_t i = 0; i < n; i++)
-    if (reqs[i].op < KVT_IO_READ || reqs[i].op > KVT_IO_FSYNC) return -EINVAL;
+    if (reqs[i].op < KVT_IO_READ || reqs[i].op > KVT_IO_WRITEV) return -EINVAL;
   pthread_mutex_lock(&c->sq_lock);
   uint32_t room = c->depth - atomic_load(&c->inflight);
   if (n > room) n = room; /* more would overrun the CQ ring */
@@ -225,6 +228,7 @@ static const kvt_io_backend uring_backend = {
     .close = uring_close,
     .submit = uring_submit,
     .reap = uring_reap,
+    .caps = KVT_IO_CAP_VECTORED,
 };
 
 const kvt_io_backend *kvt_io_backend_uring(void) { return &uring_backend; }

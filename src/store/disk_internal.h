@@ -41,7 +41,9 @@ typedef struct disk_op {
   int retries;
   uint64_t slot;
   uint64_t seq;             /* writes: sealed into the record */
-  void *buf;
+  void *buf;                /* the record, or its prefix when iov is set */
+  const struct iovec *iov;  /* the record in pieces (caller's), or NULL */
+  uint32_t n_iov;
   kvt_key key;
   int check_key;
   kvt__disk_done_fn done;
@@ -61,6 +63,7 @@ typedef struct disk_found {
 
 struct kvt__disk {
   int fd, direct, is_blk;
+  int vectored;             /* the backend declares KVT_IO_CAP_VECTORED */
   uint64_t slots, slot_bytes, data_off, payload_bytes;
   uint32_t block_tokens;
   uint32_t depth;           /* ops, and the backend's ring: queue_depth + headroom */

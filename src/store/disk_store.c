@@ -111,6 +111,8 @@ static kvt_io_req op_req(const kvt__disk *d, disk_op *op) {
   uint64_t off = d->data_off + op->slot * d->slot_bytes;
   if (op->kind == OP_TOMB)
     return (kvt_io_req){KVT_IO_WRITE, -1, off, d->zero_page, KVT_DISK_SUPER_BYTES, op};
+  if (op->iov)
+    return (kvt_io_req){op->kind == OP_WRITE ? KVT_IO_WRITEV : KVT_IO_READV, -1, off, (void *)op->iov, op->n_iov, op};
   return (kvt_io_req){op->kind == OP_WRITE ? KVT_IO_WRITE : KVT_IO_READ, op->buf_index, off, op->buf,
                       (uint32_t)d->slot_bytes, op};
 }
@@ -145,6 +147,11 @@ static int op_resubmit(kvt__disk *d, disk_op *op) {
   return st;
 }
 
+static void op_seal(kvt__disk *d, disk_op *op) {
+  if (op->iov) kvt__record_seal_iov(op->iov, op->n_iov, &d->ns, d->block_tokens, d->payload_bytes, op->seq);
+  else kvt__record_seal(op->buf, &d->ns, d->block_tokens, d->payload_bytes, op->seq);
+}
+
 /* Claims the slot and an op for tmpl; waits for an op only when the caller
  * holds none unsubmitted (else it would wait on itself). */
 static int op_claim(kvt__disk *d, const disk_op *tmpl, int may_wait, disk_op **out) {
@@ -164,18 +171,37 @@ static int op_claim(kvt__disk *d, const disk_op *tmpl, int may_wait, disk_op **o
   return 0;
 }
 
+/* A record in pieces: prefix first, the whole slot in all, and what
+ * O_DIRECT needs of every piece. */
+static int pieces_check(const kvt__disk *d, const struct iovec *iov, uint32_t n) {
+  if (!d->vectored) return KVT_EUNSUPPORTED;
+  if (n < 2 || n > KVT_DISK_MAX_IOV || iov[0].iov_len != kvt__record_prefix_bytes(d->block_tokens)) return -EINVAL;
+  uint64_t sum = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    if (!iov[i].iov_base || !iov[i].iov_len || iov[i].iov_len > d->slot_bytes) return -EINVAL;
+    if (d->direct && (((uintptr_t)iov[i].iov_base | iov[i].iov_len) & (KVT_RECORD_ALIGN - 1))) return -EINVAL;
+    sum += iov[i].iov_len;
+  }
+  return sum == d->slot_bytes ? 0 : -EINVAL;
+}
+
 static int io_prep(kvt__disk *d, int kind, kvt__disk_io *io, kvt__disk_done_fn done, disk_op *t) {
-  if (!io->rec || io->slot >= d->slots) return -EINVAL;
-  if (d->direct && ((uintptr_t)io->rec & (KVT_RECORD_ALIGN - 1))) return -EINVAL;
+  if (io->slot >= d->slots) return -EINVAL;
+  if (io->iov) {
+    int rc = pieces_check(d, io->iov, io->n_iov);
+    if (rc) return rc;
+  } else if (!io->rec || (d->direct && ((uintptr_t)io->rec & (KVT_RECORD_ALIGN - 1)))) {
+    return -EINVAL;
+  }
+  void *rec = io->iov ? io->iov[0].iov_base : io->rec;
   if (kind == OP_WRITE) {
-    int rc = kvt__record_seal_check(io->rec, d->block_tokens);
+    int rc = kvt__record_seal_check(rec, d->block_tokens);
     if (rc) return rc;
   }
-  *t = (disk_op){.kind = kind, .slot = io->slot, .buf = io->rec, .done = done, .arg = io->arg,
-                 .buf_index = buf_index_of(d, io->rec, d->slot_bytes)};
+  *t = (disk_op){.kind = kind, .slot = io->slot, .buf = rec, .iov = io->iov, .n_iov = io->iov ? io->n_iov : 0,
+                 .done = done, .arg = io->arg, .buf_index = io->iov ? -1 : buf_index_of(d, rec, d->slot_bytes)};
   if (kind == OP_WRITE) t->seq = atomic_fetch_add(&d->next_seq, 1); /* call order, not seal order */
-  if (kind == OP_WRITE && !d->handoff)
-    kvt__record_seal(io->rec, &d->ns, d->block_tokens, d->payload_bytes, t->seq);
+  if (kind == OP_WRITE && !d->handoff) op_seal(d, t);
   if (kind == OP_READ && io->expected_key) t->key = *io->expected_key, t->check_key = 1;
   return 0;
 }
@@ -227,8 +253,9 @@ static int batch_run(kvt__disk *d, int kind, kvt__disk_io *ios, uint32_t n, kvt_
 /* ---- completion ---- */
 
 static int read_status(kvt__disk *d, disk_op *op) {
-  int rc = kvt__record_check(op->buf, d->slot_bytes, &d->ns, d->block_tokens, d->payload_bytes,
-                             op->check_key ? &op->key : NULL, 1, NULL);
+  const kvt_key *want = op->check_key ? &op->key : NULL;
+  int rc = op->iov ? kvt__record_check_iov(op->iov, op->n_iov, &d->ns, d->block_tokens, d->payload_bytes, want, NULL)
+                   : kvt__record_check(op->buf, d->slot_bytes, &d->ns, d->block_tokens, d->payload_bytes, want, 1, NULL);
   if (rc == KVT_EMISS) rc = KVT_EMISMATCH; /* empty slot: not the block asked for */
   if (rc == KVT_ECORRUPT) atomic_fetch_add(&d->st.checksum_failures, 1);
   if (rc == KVT_EMISMATCH) atomic_fetch_add(&d->st.mismatches, 1);
@@ -270,7 +297,7 @@ static int op_status(kvt__disk *d, disk_op *op, int res) {
 static void seal_and_submit(kvt__disk *d, disk_op *op) {
   kvt__disk_done_fn done = op->done;
   void *done_arg = op->arg;
-  kvt__record_seal(op->buf, &d->ns, d->block_tokens, d->payload_bytes, op->seq); /* checked at the call */
+  op_seal(d, op); /* checked at the call */
   kvt_io_req r = op_req(d, op);
   int st = 0;
   submit_reqs(d, &op, &r, 1, &st); /* on refusal: slot and op released, op no longer ours */
@@ -538,7 +565,7 @@ int kvt__disk_recover(kvt__disk *d,
 const char *kvt__disk_backend_name(const kvt__disk *d) { return d ? kvt__io_name(&d->io) : "none"; }
 
 void kvt__disk_get_info(const kvt__disk *d, kvt__disk_info *info) {
-  *info = (kvt__disk_info){.direct = d->direct, .fixed_buffers = d->n_bufs > 0,
+  *info = (kvt__disk_info){.direct = d->direct, .fixed_buffers = d->n_bufs > 0, .vectored = d->vectored,
                            .fallback = d->io.fallback, .slots = d->slots,
                            .slot_bytes = d->slot_bytes, .data_offset = d->data_off,
                            .checksum_threads = d->n_hashers, .queue_depth = d->queue_depth,
@@ -662,7 +689,9 @@ static kvt__disk *disk_new(const kvt__disk_cfg *c) {
 static int open_backend(kvt__disk *d, const kvt__disk_cfg *c) {
   kvt_io_open_args a = {.fd = d->fd, .queue_depth = d->depth, .bufs = c->bufs,
                         .buf_lens = c->buf_lens, .n_bufs = c->n_bufs};
-  return kvt__io_open(c->backend, &a, &d->io);
+  int rc = kvt__io_open(c->backend, &a, &d->io);
+  if (rc == 0) d->vectored = d->io.be->version >= 2 && (d->io.be->caps & KVT_IO_CAP_VECTORED);
+  return rc;
 }
 
 static int open_steps(kvt__disk *d, const kvt__disk_cfg *c) {

@@ -60,6 +60,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 #include "kvtier/backend.h"
 #include "store/record.h"
@@ -133,7 +134,21 @@ typedef struct kvt__disk_io {
   const kvt_key *expected_key; /* reads: NULL = any key */
   void *arg;
   int status;                  /* out */
+  const struct iovec *iov;     /* non-NULL: the record in pieces; rec is ignored */
+  uint32_t n_iov;
 } kvt__disk_io;
+/* A record in pieces (stores whose kvt__disk_info.vectored is 1; else
+ * KVT_EUNSUPPORTED) moves straight between the file and memory that is
+ * not one record image, in one vectored I/O: iov[0] is the prefix (header
+ * and tokens, kvt__record_prefix_bytes long), iov[1..n_iov) the payload
+ * laid end to end, kvt__record_bytes in all; n_iov <= KVT_DISK_MAX_IOV and,
+ * on an O_DIRECT file, every base and length a multiple of 4096 (else
+ * -EINVAL). Writes seal iov[0]; checksums are computed and verified over
+ * the pieces in place, with the values the contiguous image gets, so a
+ * record written one way reads back the other way. The array and the
+ * memory it names belong to the store until done(); a read that fails
+ * (I/O error, short, checksum, mismatch) may have left any bytes there. */
+#define KVT_DISK_MAX_IOV 1024u
 int kvt__disk_write_batch(kvt__disk *d, kvt__disk_io *ios, uint32_t n, kvt__disk_done_fn done);
 int kvt__disk_read_batch(kvt__disk *d, kvt__disk_io *ios, uint32_t n, kvt__disk_done_fn done);
 /* The same, never waiting for a free op (the batch calls above wait while
@@ -163,6 +178,7 @@ const char *kvt__disk_backend_name(const kvt__disk *d);
 typedef struct kvt__disk_info {
   int direct;               /* 1: O_DIRECT; 0: the filesystem refused it (tmpfs), buffered I/O */
   int fixed_buffers;        /* host pool memory was handed to the backend for registration */
+  int vectored;             /* the backend takes records in pieces (kvt__disk_io.iov) */
   const char *fallback;     /* why io_uring is not used under KVT_DISK_AUTO ("" if it is) */
   uint64_t slots, slot_bytes, data_offset;
   uint32_t checksum_threads; /* threads sealing writes and verifying reads */
@@ -211,5 +227,14 @@ int kvt__record_seal_check(const void *rec, uint32_t block_tokens);
 int kvt__record_check(const void *buf, size_t len, const kvt_key *ns, uint32_t block_tokens,
                       uint64_t payload_bytes, const kvt_key *expected_key, int verify_payload,
                       kvt__record_hdr *out);
+/* The same for a record in pieces: iov[0] is the prefix (header and tokens,
+ * exactly kvt__record_prefix_bytes long), iov[1..n) the payload laid end to
+ * end (bytes past payload_bytes are padding). The payload sum is the one
+ * the contiguous image gets, so either form reads back the other's. -EINVAL
+ * when iov does not have that shape. */
+int kvt__record_seal_iov(const struct iovec *iov, uint32_t n, const kvt_key *ns, uint32_t block_tokens,
+                         uint64_t payload_bytes, uint64_t seq);
+int kvt__record_check_iov(const struct iovec *iov, uint32_t n, const kvt_key *ns, uint32_t block_tokens,
+                          uint64_t payload_bytes, const kvt_key *expected_key, kvt__record_hdr *out);
 
 #endif
