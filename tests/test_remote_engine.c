@@ -1,0 +1,386 @@
+/* The remote tier through the engine, against real Redis servers (the
+ * harness starts them on ephemeral ports): blocks leave one cache's host
+ * for the server and come back byte-exact in another cache; namespaces stay
+ * apart; a value that is garbage or another namespace's record is a counted
+ * miss; a server killed mid-run leaves requests completing (misses,
+ * recomputed) and local data intact, and the tier comes back by itself;
+ * refused credentials fail the registration; the password never shows. */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "engine/engine.h"
+#include "kv_fixture.h"
+#include "redis_harness.h"
+#include "remote/remote.h"
+
+#define NB 4 /* blocks per conversation */
+
+static kvt_redis srv;
+
+static kvt_config remote_config(const char *url, const char *fp) {
+  kvt_config cfg = fixture_config(NB); /* the host holds one conversation */
+  cfg.model_fingerprint = fp;
+  cfg.remote_url = url;
+  cfg.remote_timeout_ms = 500;
+  cfg.remote_negative_ms = 1; /* tests ask again at once */
+  return cfg;
+}
+
+static void open_remote(fixture *f, const char *url, const char *fp) {
+  kvt_config cfg = remote_config(url, fp);
+  fixture_open_cfg(f, &cfg, 2 * NB);
+}
+
+/* Conversation conv computed in f, then pushed out of its host by the next
+ * conversation: its blocks reach the remote on their way out. */
+static void compute_and_push_out(fixture *f, uint32_t conv) {
+  kvt_key keys[NB], other[NB];
+  uint32_t tok[NB * 16], tok2[NB * 16];
+  fixture_keys(f, conv, NB, keys, tok);
+  assert_int_equal(run_request(f, keys, tok, NB, conv), 0);
+  fixture_offload(f, keys, NB);
+  fixture_keys(f, conv + 1000, NB, other, tok2);
+  run_request(f, other, tok2, NB, conv + 1000);
+  fixture_offload(f, other, NB); /* the host evicts conv's blocks: remote puts */
+  assert_int_equal(kvt_drain(f->c), 0);
+}
+
+static void setup_server(void) {
+  kvt_redis_require();
+  assert_int_equal(kvt_redis_start(&srv, NULL), 0);
+}
+
+static void flush_server(void) {
+  char out[64];
+  assert_int_equal(kvt_redis_cmd(&srv, 0, out, sizeof out, "FLUSHALL"), 0);
+}
+
+static void two_caches_share_blocks_byte_exact(void **state) {
+  (void)state;
+  flush_server();
+  fixture a, b;
+  open_remote(&a, srv.url, "model-A@1");
+  compute_and_push_out(&a, 1);
+  kvt_stats sa = fixture_stats(&a);
+  assert_true(sa.blocks_h2remote >= NB);
+  assert_int_equal(sa.remote_degraded, 0);
+  assert_int_equal(sa.remote_nodes, 1);
+
+  open_remote(&b, srv.url, "model-A@1");
+  kvt_key keys[NB];
+  uint32_t tok[NB * 16];
+  fixture_keys(&b, 1, NB, keys, tok);
+  uint8_t tiers[NB];
+  kvt_lookup_result lr = {.size = sizeof lr};
+  assert_int_equal(kvt_lookup(b.c, keys, NB, &lr, tiers), 0);
+  assert_int_equal(lr.n_prefix, NB);
+  assert_int_equal(lr.n_remote, NB);
+  assert_int_equal(tiers[0], KVT_TIER_REMOTE);
+  /* Restored in b from a's bytes: run_request checks every byte. */
+  assert_int_equal(run_request(&b, keys, tok, NB, 1), NB);
+  kvt_stats sb = fixture_stats(&b);
+  assert_int_equal(sb.hits_remote, NB);
+  assert_int_equal(sb.blocks_remote2h, NB);
+  assert_int_equal(sb.remote_corrupt, 0);
+  /* Now local in b: the next request is a device hit, no remote traffic. */
+  assert_int_equal(run_request(&b, keys, tok, NB, 1), NB);
+  assert_int_equal(fixture_stats(&b).blocks_remote2h, NB);
+  fixture_close(&b);
+  fixture_close(&a);
+}
+
+static void plan_and_prefetch_see_remote_blocks(void **state) {
+  (void)state;
+  flush_server();
+  fixture a, b;
+  open_remote(&a, srv.url, "model-A@1");
+  compute_and_push_out(&a, 2);
+  open_remote(&b, srv.url, "model-A@1");
+  kvt_key keys[NB];
+  uint32_t tok[NB * 16];
+  fixture_keys(&b, 2, NB, keys, tok);
+  kvt_model_desc m;
+  kvt_hw_desc hw;
+  kvt_model_init(&m);
+  m.num_layers = FIX_LAYERS;
+  m.hidden_size = 512;
+  m.num_heads = 8;
+  m.num_kv_heads = 1;
+  m.head_dim = FIX_SEG_BYTES / 16 / 2; /* 4 layers x K,V x 16 x 2 B = 256 B a token: the fixture's block / 16 */
+  m.kv_dtype_bytes = 2;
+  kvt_hw_init(&hw);
+  assert_int_equal(kvt_set_cost_model(b.c, &m, &hw), 0);
+  kvt_plan plan = {.size = sizeof plan};
+  assert_int_equal(kvt_plan_request(b.c, keys, NB, NB * 16 + 1, &plan), 0);
+  assert_int_equal(plan.n_remote, NB);
+  assert_int_equal(plan.n_prefix, NB);
+  /* Prefetch brings them to b's host: afterwards a lookup says host. */
+  kvt_job j;
+  assert_int_equal(kvt_prefetch(b.c, keys, NB, &j), 1);
+  assert_int_equal(kvt_job_wait(b.c, j, -1), 0);
+  assert_int_equal(kvt_job_release(b.c, j), 0);
+  /* The fetch was timed: the remote link is calibrated like the others. */
+  kvt_hw_desc cal;
+  assert_int_equal(kvt_get_calibrated_hw(b.c, &cal), 0);
+  assert_true(cal.host_remote.bytes_per_s != hw.host_remote.bytes_per_s ||
+              cal.host_remote.latency_s != hw.host_remote.latency_s);
+  assert_true(cal.host_disk.bytes_per_s == hw.host_disk.bytes_per_s);
+  kvt_lookup_result lr = fixture_lookup(&b, keys, NB);
+  assert_int_equal(lr.n_host, NB);
+  assert_int_equal(lr.n_remote, 0);
+  assert_int_equal(run_request(&b, keys, tok, NB, 2), NB);
+  fixture_close(&b);
+  fixture_close(&a);
+}
+
+static void namespaces_stay_apart(void **state) {
+  (void)state;
+  flush_server();
+  fixture a, c;
+  open_remote(&a, srv.url, "model-A@1");
+  compute_and_push_out(&a, 3);
+  open_remote(&c, srv.url, "model-B@1");
+  kvt_key keys[NB], akeys[NB];
+  uint32_t tok[NB * 16];
+  fixture_keys(&c, 3, NB, keys, tok); /* the same tokens, another model */
+  assert_int_equal(fixture_lookup(&c, keys, NB).n_prefix, 0);
+  fixture_keys(&a, 3, NB, akeys, tok); /* even a's own keys: filed under a's namespace */
+  assert_int_equal(fixture_lookup(&c, akeys, NB).n_prefix, 0);
+  assert_int_equal(run_request(&c, keys, tok, NB, 3), 0);
+  assert_int_equal(fixture_stats(&c).hits_remote, 0);
+  fixture_close(&c);
+  fixture_close(&a);
+}
+
+/* Key names of conv's blocks in cache f. */
+static void key_name(fixture *f, const kvt_key *k, char *buf) {
+  assert_true(kvt__remote_key_string(kvt__rtier(f->c), k, buf, 128) > 0);
+}
+
+static void garbage_and_foreign_values_are_misses(void **state) {
+  (void)state;
+  flush_server();
+  fixture a, b, other;
+  open_remote(&a, srv.url, "model-A@1");
+  compute_and_push_out(&a, 4);
+  open_remote(&other, srv.url, "model-B@1");
+  compute_and_push_out(&other, 4);
+  open_remote(&b, srv.url, "model-A@1");
+  kvt_key keys[NB], okeys[NB];
+  uint32_t tok[NB * 16];
+  fixture_keys(&b, 4, NB, keys, tok);
+  fixture_keys(&other, 4, NB, okeys, tok);
+  char name[128], oname[128], out[256];
+  /* Block 2: garbage of a record's length; block 1: another namespace's record. */
+  key_name(&b, &keys[2], name);
+  static char junk[64 << 10];
+  memset(junk, 0x5a, sizeof junk);
+  assert_int_equal(kvt_redis_cmd(&srv, 0, out, sizeof out, "SET %s %b", name, junk, sizeof junk), 0);
+  key_name(&b, &keys[1], name);
+  key_name(&other, &okeys[1], oname);
+  assert_int_equal(kvt_redis_cmd(&srv, 0, out, sizeof out, "COPY %s %s REPLACE", oname, name), 0);
+  assert_string_equal(out, "1");
+  /* The probe still says "stored"; the fetch refuses block 1: the request
+   * restores block 0 and computes from block 1 on. */
+  kvt_req r;
+  uint32_t slots[NB], ready = 99;
+  kvt_acquire_info info = {.size = sizeof info};
+  int rc = kvt_acquire(b.c, keys, tok, NB, NB, 0, 0, &r, slots, &info);
+  assert_int_equal(rc, 1);
+  assert_int_equal(info.n_from_remote, NB);
+  assert_int_equal(kvt_request_wait(b.c, r, -1, &ready), 0);
+  assert_int_equal(ready, 1);
+  uint8_t st[NB];
+  assert_int_equal(kvt_request_block_states(b.c, r, st, NB), 0);
+  assert_int_equal(st[0], KVT_BLOCK_READY);
+  assert_int_equal(st[1], KVT_BLOCK_FAILED);
+  assert_true(fixture_check(&b, slots[0], block_seed(4, 0)));
+  for (uint32_t i = 1; i < NB; i++) fixture_write(&b, slots[i], block_seed(4, i));
+  assert_int_equal(kvt_commit(b.c, r, NB, NULL), 0);
+  assert_int_equal(kvt_release(b.c, r), 0);
+  assert_int_equal(kvt_drain(b.c), 0);
+  kvt_stats sb = fixture_stats(&b);
+  assert_true(sb.remote_corrupt >= 1);
+  assert_int_equal(sb.hits_remote, 1);
+  fixture_close(&b);
+  fixture_close(&other);
+  fixture_close(&a);
+}
+
+/* Waits (up to 20 s) until a lookup of keys in f finds n remote blocks. */
+static int wait_remote(fixture *f, const kvt_key *keys, uint32_t n) {
+  for (int i = 0; i < 400; i++) {
+    kvt_lookup_result lr = fixture_lookup(f, keys, n);
+    if (lr.n_remote == n) return 1;
+    usleep(50000);
+  }
+  return 0;
+}
+
+static void server_killed_mid_run_then_back(void **state) {
+  (void)state;
+  flush_server();
+  fixture a, b;
+  open_remote(&a, srv.url, "model-A@1");
+  open_remote(&b, srv.url, "model-A@1");
+  compute_and_push_out(&a, 5);
+  kvt_key keys[NB], local[NB];
+  uint32_t tok[NB * 16], ltok[NB * 16];
+  fixture_keys(&b, 5, NB, keys, tok);
+  fixture_keys(&a, 5 + 1000, NB, local, ltok); /* still on a's host */
+  assert_int_equal(fixture_lookup(&a, local, NB).n_host, NB);
+
+  kvt_redis_signal(&srv, 0, SIGKILL);
+  /* Requests complete: b computes everything; a restores its host blocks. */
+  assert_int_equal(run_request(&b, keys, tok, NB, 5), 0);
+  assert_int_equal(run_request(&a, local, ltok, NB, 5 + 1000), NB);
+  compute_and_push_out(&a, 6); /* puts to a dead server: counted, never waited for past the timeout */
+  kvt_stats sa = fixture_stats(&a);
+  assert_true(sa.remote_errors + sa.remote_timeouts >= 1);
+  kvt_stats sb = fixture_stats(&b);
+  assert_int_equal(sb.hits_remote, 0);
+
+  assert_int_equal(kvt_redis_restart(&srv, 0), 0);
+  /* The restarted server is empty: a's next evictions fill it, and b finds
+   * them once the client's backoff has let it reconnect. */
+  kvt_key k7[NB];
+  uint32_t t7[NB * 16];
+  fixture_keys(&b, 7, NB, k7, t7);
+  int back = 0;
+  for (int round = 0; round < 40 && !back; round++) {
+    compute_and_push_out(&a, 7 + 2000 * (uint32_t)round);
+    fixture_keys(&b, 7 + 2000 * (uint32_t)round, NB, k7, t7);
+    back = fixture_lookup(&b, k7, NB).n_remote == NB;
+    if (!back) usleep(250000);
+  }
+  assert_true(back);
+  fixture_close(&b);
+  fixture_close(&a);
+}
+
+static void unreachable_at_open_is_degraded_then_back(void **state) {
+  (void)state;
+  flush_server();
+  /* A port nothing listens on yet: node 0 of a second server, stopped. */
+  kvt_redis later;
+  assert_int_equal(kvt_redis_start(&later, NULL), 0);
+  char url[1100];
+  snprintf(url, sizeof url, "%s", later.url);
+  kvt_redis_signal(&later, 0, SIGKILL);
+  fixture b;
+  open_remote(&b, url, "model-A@1"); /* registration succeeds */
+  kvt_stats sb = fixture_stats(&b);
+  assert_int_equal(sb.remote_degraded, 1);
+  kvt_key keys[NB];
+  uint32_t tok[NB * 16];
+  fixture_keys(&b, 8, NB, keys, tok);
+  assert_int_equal(run_request(&b, keys, tok, NB, 8), 0); /* works as a local cache */
+  assert_int_equal(kvt_redis_restart(&later, 0), 0);
+  int back = 0;
+  for (int i = 0; i < 400 && !back; i++) {
+    back = fixture_stats(&b).remote_reconnects == 1;
+    if (!back) usleep(50000);
+  }
+  assert_true(back);
+  fixture a;
+  open_remote(&a, url, "model-A@1");
+  compute_and_push_out(&a, 9);
+  fixture_keys(&b, 9, NB, keys, tok);
+  assert_true(wait_remote(&b, keys, NB));
+  assert_int_equal(run_request(&b, keys, tok, NB, 9), NB);
+  fixture_close(&a);
+  fixture_close(&b);
+  kvt_redis_stop(&later);
+}
+
+typedef struct log_capture {
+  char text[16384];
+  size_t len;
+} log_capture;
+
+static void capture(void *ctx, int level, const char *msg) {
+  (void)level;
+  log_capture *lc = ctx;
+  size_t n = strlen(msg);
+  if (lc->len + n + 2 < sizeof lc->text) {
+    memcpy(lc->text + lc->len, msg, n);
+    lc->len += n;
+    lc->text[lc->len++] = '\n';
+    lc->text[lc->len] = 0;
+  }
+}
+
+static void refused_credentials_fail_registration(void **state) {
+  (void)state;
+  kvt_redis locked;
+  kvt_redis_opts o = {.requirepass = "right-pw-3141"};
+  assert_int_equal(kvt_redis_start(&locked, &o), 0);
+  const char *pw = "wrong-pw-2718";
+  log_capture lc = {.len = 0};
+  kvt_config cfg = remote_config(locked.url, "model-A@1");
+  cfg.remote_password = pw;
+  cfg.log_fn = capture;
+  cfg.log_ctx = &lc;
+  cfg.log_level = KVT_LOG_INFO;
+  kvt_cache *c;
+  assert_int_equal(kvt_open(&cfg, &c), 0);
+  kvt_layout lay;
+  kvt_layout_init(&lay);
+  unsigned char *pool = calloc(8, 4096);
+  kvt_segment seg[2] = {{pool, 4096, 2048}, {pool + 2048, 4096, 2048}};
+  lay.num_layers = 1;
+  lay.num_slots = 8;
+  lay.segments = seg;
+  assert_int_equal(kvt_register_layout(c, &lay), KVT_EAUTH);
+  assert_null(strstr(kvt_error_detail(c), pw));
+  kvt_close(c);
+  /* The right password works; it shows in no log line, stat or metric. */
+  cfg.remote_password = "right-pw-3141";
+  assert_int_equal(kvt_open(&cfg, &c), 0);
+  assert_int_equal(kvt_register_layout(c, &lay), 0);
+  kvt_stats st = {.size = sizeof st};
+  assert_int_equal(kvt_get_stats(c, &st), 0);
+  assert_int_equal(st.remote_degraded, 0);
+  static char text[65536];
+  size_t len = sizeof text;
+  assert_int_equal(kvt_metrics_write(c, KVT_METRICS_PROMETHEUS, text, &len), 0);
+  assert_non_null(strstr(text, "tier=\"remote\""));
+  assert_null(strstr(text, "right-pw"));
+  kvt_close(c);
+  /* A URL carrying the password is logged masked. */
+  char url[1200];
+  snprintf(url, sizeof url, "redis://:right-pw-3141@127.0.0.1:1");
+  cfg.remote_url = url;
+  cfg.remote_password = NULL;
+  assert_int_equal(kvt_open(&cfg, &c), 0);
+  assert_int_equal(kvt_register_layout(c, &lay), 0); /* unreachable: degraded, not an error */
+  kvt_close(c);
+  assert_non_null(strstr(lc.text, "unreachable"));
+  assert_null(strstr(lc.text, "right-pw"));
+  assert_null(strstr(lc.text, pw));
+  free(pool);
+  kvt_redis_stop(&locked);
+}
+
+int main(void) {
+  setup_server();
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(two_caches_share_blocks_byte_exact),
+      cmocka_unit_test(plan_and_prefetch_see_remote_blocks),
+      cmocka_unit_test(namespaces_stay_apart),
+      cmocka_unit_test(garbage_and_foreign_values_are_misses),
+      cmocka_unit_test(server_killed_mid_run_then_back),
+      cmocka_unit_test(unreachable_at_open_is_degraded_then_back),
+      cmocka_unit_test(refused_credentials_fail_registration),
+  };
+  int rc = cmocka_run_group_tests(tests, NULL, NULL);
+  kvt_redis_stop(&srv);
+  return rc;
+}
