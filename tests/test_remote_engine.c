@@ -10,6 +10,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -369,6 +370,129 @@ static void refused_credentials_fail_registration(void **state) {
   kvt_redis_stop(&locked);
 }
 
+/* ---- storage mode ---- */
+
+#define SBLOCK 8192u
+#define SNB 8
+
+static kvt_cache *open_storage(const char *url, uint32_t host) {
+  kvt_config cfg;
+  kvt_config_init(&cfg);
+  cfg.model_fingerprint = "storage-remote";
+  cfg.host_blocks = host;
+  cfg.copy_threads = 2;
+  cfg.remote_url = url;
+  cfg.remote_negative_ms = 1;
+  kvt_cache *c = NULL;
+  assert_int_equal(kvt_open(&cfg, &c), 0);
+  kvt_segment seg[2] = {{NULL, 0, SBLOCK / 2}, {NULL, 0, SBLOCK / 2}};
+  kvt_layout l;
+  kvt_layout_init(&l);
+  l.num_layers = 1;
+  l.num_slots = 0;
+  l.segments = seg;
+  l.flags = KVT_LAYOUT_STORAGE;
+  assert_int_equal(kvt_register_layout(c, &l), 0);
+  return c;
+}
+
+static int storage_job(kvt_cache *c, const kvt_key *keys, const uint32_t *tok, char *mem, uint32_t n, int get,
+                       int32_t *res, uint32_t *n_ok) {
+  kvt_piece pc[SNB];
+  for (uint32_t i = 0; i < n; i++) pc[i] = (kvt_piece){.ptr = mem + (size_t)i * SBLOCK, .len = SBLOCK};
+  kvt_batch b;
+  kvt_batch_init(&b);
+  b.n_blocks = n;
+  b.keys = keys;
+  b.tokens = tok;
+  b.pieces = pc;
+  kvt_job j;
+  assert_int_equal(get ? kvt_get_into(c, &b, &j) : kvt_put_from(c, &b, &j), 1);
+  int rc = kvt_storage_wait(c, j, -1);
+  assert_int_equal(kvt_storage_results(c, j, res, n, n_ok), 0);
+  assert_int_equal(kvt_storage_release(c, j), 0);
+  return rc;
+}
+
+static void storage_mode_puts_and_gets_through_the_server(void **state) {
+  (void)state;
+  flush_server();
+  kvt_cache *a = open_storage(srv.url, 2), *b = open_storage(srv.url, 2);
+  static char src[SNB * SBLOCK], dst[SNB * SBLOCK], more[SNB * SBLOCK];
+  for (size_t i = 0; i < sizeof src; i++) src[i] = (char)(i * 131 + 7), more[i] = (char)(i * 17);
+  uint32_t tok[SNB * 16], tok2[SNB * 16];
+  for (uint32_t i = 0; i < SNB * 16; i++) tok[i] = 500 + i, tok2[i] = 90000 + i;
+  kvt_key keys[SNB], keys2[SNB];
+  size_t nk;
+  assert_int_equal(kvt_hash_tokens(a, NULL, tok, SNB * 16, keys, SNB, &nk), 0);
+  assert_int_equal(kvt_hash_tokens(a, NULL, tok2, SNB * 16, keys2, SNB, &nk), 0);
+  int32_t res[SNB];
+  uint32_t ok = 0;
+  /* a's host holds 2 blocks: putting 8, then 8 more, sends the first ones on. */
+  assert_int_equal(storage_job(a, keys, tok, src, SNB, 0, res, &ok), 0);
+  assert_int_equal(storage_job(a, keys2, tok2, more, SNB, 0, res, &ok), 0);
+  assert_int_equal(kvt_drain(a), 0);
+  kvt_stats sa = {.size = sizeof sa};
+  assert_int_equal(kvt_get_stats(a, &sa), 0);
+  assert_true(sa.blocks_h2remote >= SNB);
+  /* b has never seen them: exists says remote, get_into brings every byte. */
+  kvt_lookup_result lr = {.size = sizeof lr};
+  uint8_t tiers[SNB];
+  assert_int_equal(kvt_exists(b, NULL, keys, SNB, 0, &lr, tiers), 0);
+  assert_int_equal(lr.n_prefix, SNB);
+  assert_int_equal(lr.n_remote, SNB);
+  assert_int_equal(tiers[SNB - 1], KVT_TIER_REMOTE);
+  memset(dst, 0, sizeof dst);
+  assert_int_equal(storage_job(b, keys, tok, dst, SNB, 1, res, &ok), 0);
+  assert_int_equal(ok, SNB);
+  assert_memory_equal(dst, src, sizeof src);
+  /* Other tokens under the same keys: refused, never wrong bytes. */
+  uint32_t bad[SNB * 16];
+  memcpy(bad, tok, sizeof bad);
+  bad[5 * 16 + 3] ^= 1;
+  memset(dst, 0, sizeof dst);
+  assert_int_equal(storage_job(b, keys, bad, dst, SNB, 1, res, &ok), KVT_EMISMATCH);
+  assert_int_equal(ok, 5);
+  assert_int_equal(res[5], KVT_EMISMATCH);
+  assert_memory_equal(dst, src, 5 * SBLOCK);
+  kvt_stats sb = {.size = sizeof sb};
+  assert_int_equal(kvt_get_stats(b, &sb), 0);
+  assert_int_equal(sb.blocks_remote2h, SNB + 5 + (res[6] == 0) + (res[7] == 0));
+  kvt_close(b);
+  kvt_close(a);
+}
+
+/* ---- a cluster ---- */
+
+static void cluster_shares_blocks(void **state) {
+  (void)state;
+  kvt_redis cl;
+  if (kvt_redis_cluster_start(&cl, 3, 0, NULL) != 0) fail_msg("cluster did not start");
+  fixture a, b;
+  open_remote(&a, cl.url, "model-A@1");
+  for (uint32_t conv = 20; conv < 26; conv++) compute_and_push_out(&a, conv);
+  open_remote(&b, cl.url, "model-A@1");
+  kvt_stats sb = fixture_stats(&b);
+  assert_int_equal(sb.remote_cluster, 1);
+  assert_int_equal(sb.remote_nodes, 3);
+  for (uint32_t conv = 20; conv < 26; conv++) {
+    kvt_key keys[NB];
+    uint32_t tok[NB * 16];
+    fixture_keys(&b, conv, NB, keys, tok);
+    assert_int_equal(run_request(&b, keys, tok, NB, conv), NB);
+  }
+  assert_int_equal(fixture_stats(&b).hits_remote, 6 * NB);
+  /* The blocks went to every master: keys spread over all the slots. */
+  char out[64];
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(kvt_redis_cmd(&cl, i, out, sizeof out, "DBSIZE"), 0);
+    assert_true(atoi(out) > 0);
+  }
+  fixture_close(&b);
+  fixture_close(&a);
+  kvt_redis_stop(&cl);
+}
+
 int main(void) {
   setup_server();
   const struct CMUnitTest tests[] = {
@@ -379,6 +503,8 @@ int main(void) {
       cmocka_unit_test(server_killed_mid_run_then_back),
       cmocka_unit_test(unreachable_at_open_is_degraded_then_back),
       cmocka_unit_test(refused_credentials_fail_registration),
+      cmocka_unit_test(storage_mode_puts_and_gets_through_the_server),
+      cmocka_unit_test(cluster_shares_blocks),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   kvt_redis_stop(&srv);
