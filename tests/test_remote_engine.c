@@ -266,6 +266,43 @@ static void server_killed_mid_run_then_back(void **state) {
   fixture_close(&a);
 }
 
+/* A server that stops answering (SIGSTOP: connections stay open, nothing
+ * comes back) with few jobs: puts time out, requests never stall, local
+ * restores work, and the tier is used again once it answers. */
+static void stopped_server_never_stalls_requests(void **state) {
+  (void)state;
+  flush_server();
+  kvt_config cfg = remote_config(srv.url, "model-A@1");
+  cfg.max_jobs = 4;
+  cfg.remote_timeout_ms = 200;
+  fixture a;
+  fixture_open_cfg(&a, &cfg, 2 * NB);
+  compute_and_push_out(&a, 30);
+  kvt_redis_signal(&srv, 0, SIGSTOP);
+  for (uint32_t conv = 31; conv < 37; conv++) compute_and_push_out(&a, conv);
+  kvt_key keys[NB];
+  uint32_t tok[NB * 16];
+  fixture_keys(&a, 36 + 1000, NB, keys, tok); /* on a's host */
+  assert_int_equal(run_request(&a, keys, tok, NB, 36 + 1000), NB);
+  fixture_keys(&a, 30, NB, keys, tok); /* on the stopped server: computed again */
+  assert_int_equal(run_request(&a, keys, tok, NB, 30), 0);
+  kvt_stats st = fixture_stats(&a);
+  assert_true(st.remote_timeouts + st.remote_errors >= 1);
+  kvt_redis_signal(&srv, 0, SIGCONT);
+  fixture b;
+  open_remote(&b, srv.url, "model-A@1");
+  int back = 0;
+  for (uint32_t round = 0; round < 40 && !back; round++) {
+    compute_and_push_out(&a, 40 + 2000 * round);
+    fixture_keys(&b, 40 + 2000 * round, NB, keys, tok);
+    back = fixture_lookup(&b, keys, NB).n_remote == NB;
+    if (!back) usleep(250000);
+  }
+  assert_true(back);
+  fixture_close(&b);
+  fixture_close(&a);
+}
+
 static void unreachable_at_open_is_degraded_then_back(void **state) {
   (void)state;
   flush_server();
@@ -501,6 +538,7 @@ int main(void) {
       cmocka_unit_test(namespaces_stay_apart),
       cmocka_unit_test(garbage_and_foreign_values_are_misses),
       cmocka_unit_test(server_killed_mid_run_then_back),
+      cmocka_unit_test(stopped_server_never_stalls_requests),
       cmocka_unit_test(unreachable_at_open_is_degraded_then_back),
       cmocka_unit_test(refused_credentials_fail_registration),
       cmocka_unit_test(storage_mode_puts_and_gets_through_the_server),

@@ -230,6 +230,7 @@ typedef struct kvt_stats {
   uint64_t remote_timeouts;
   uint64_t remote_put_refused;
   uint64_t remote_reconnects;
+  uint64_t remote_puts_skipped;
   uint32_t remote_nodes;
   uint32_t remote_nodes_degraded;
   uint32_t remote_degraded;

@@ -229,6 +229,7 @@ struct kvt_cache {
   struct kvt__rneg *rneg;  /* negative cache: KVT__RNEG_SLOTS, direct mapped */
   uint64_t r_probes, r_probe_blocks, r_neg_hits, r_reconnects; /* rlock */
   uint32_t rput_building;  /* RPUT job gathering puts during a progress step, or KVT__NONE (c->lock) */
+  uint32_t rput_jobs;      /* RPUT jobs not finished (c->lock): at most a quarter of the pool */
 
   kvt_stats st;
   kvt__metrics metrics; /* engine/metrics.h: atomics, no lock */

@@ -310,6 +310,7 @@ static void spill_fetched(kvt_cache *c, kvt__job *jb) {
 }
 
 static void finish_job(kvt_cache *c, kvt__job *jb) {
+  if (jb->kind == KVT__JOB_RPUT) c->rput_jobs--;
   if (jb->status == KVT_ECANCELED) c->st.jobs_cancelled++;
   else if (jb->status) c->st.jobs_failed++;
   jb->done = 1;

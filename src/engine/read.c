@@ -370,8 +370,11 @@ static int reserve(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, con
     }
     uint32_t n_copy = sr->n - sr->per_tier[KVT__T_DEV], n_stage = 0, job = KVT__NONE;
     uint32_t staging = sr->per_tier[KVT__T_DISK] + sr->per_tier[KVT__T_REMOTE];
-    int rc = 0;
-    if (n_copy && (job = kvt__job_new(c, KVT__JOB_LOAD, 0)) == KVT__NONE) rc = may_wait ? KVT_ENOSPACE : KVT_EAGAIN;
+    int rc = 0, no_job = 0;
+    if (n_copy && (job = kvt__job_new(c, KVT__JOB_LOAD, 0)) == KVT__NONE) {
+      rc = may_wait ? KVT_ENOSPACE : KVT_EAGAIN;
+      no_job = 1;
+    }
     else if ((rc = kvt__make_room(c, KVT__T_HOST, staging, may_wait)) == 0) {
       /* Hold the staging slots now: the device's demotions below need host
        * slots too, and must make their own room rather than take these. */
@@ -386,6 +389,12 @@ static int reserve(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, con
       return 0;
     }
     unreserve(c, chunk0, sr, job, n_stage);
+    if (no_job && may_wait && c->inflight) {
+      /* Every job is busy with transfers (spills, remote puts): one of
+       * them frees a job when it finishes. */
+      kvt__wait(c, NULL);
+      continue;
+    }
     if (rc == KVT_ENOSPACE && staging) {
       /* The host cannot stage the disk or remote blocks now (its slots are
        * pinned): restore only the prefix before the first of them. */

@@ -201,8 +201,16 @@ int kvt__rput_add(kvt_cache *c, uint32_t e, int evict) {
     j = KVT__NONE;
   }
   if (j == KVT__NONE) {
-    if ((j = kvt__job_new(c, KVT__JOB_RPUT, 0)) == KVT__NONE) return 0;
+    /* Puts are best effort: while a quarter of the jobs are putting, a
+     * block leaving the host is not put (counted), so that transfers the
+     * requests wait for always find jobs. */
+    uint32_t cap = c->cfg.max_jobs / 4 > 1 ? c->cfg.max_jobs / 4 : 1;
+    if (c->rput_jobs >= cap || (j = kvt__job_new(c, KVT__JOB_RPUT, 0)) == KVT__NONE) {
+      c->st.remote_puts_skipped++;
+      return 0;
+    }
     c->rput_building = j;
+    c->rput_jobs++;
   }
   kvt__job *jb = &c->jobs[j];
   kvt__op *op = &jb->ops[jb->n_ops++];
