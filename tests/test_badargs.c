@@ -451,6 +451,28 @@ static void plan_request_bad_args(void **state) {
 
 /* ---- acquire, poll, wait, layers, commit, release ---- */
 
+/* The acquire info of the first version (no n_from_remote) is filled as far as it goes. */
+static void acquire_info_first_version(void **state) {
+  (void)state;
+  fixture f;
+  fixture_open(&f, 8, 8);
+  kvt_key k[2];
+  uint32_t t[2 * 16];
+  fixture_keys(&f, 5, 2, k, t);
+  run_request(&f, k, t, 2, 5);
+  kvt_acquire_info info[2];
+  memset(info, 0xee, sizeof info);
+  info[0].size = KVT_ACQUIRE_INFO_SIZE_V1;
+  kvt_req r;
+  uint32_t slots[2];
+  assert_int_equal(kvt_acquire(f.c, k, t, 2, 2, 0, 0, &r, slots, &info[0]), 0);
+  assert_int_equal(info[0].size, KVT_ACQUIRE_INFO_SIZE_V1);
+  assert_int_equal(info[0].n_device_hits, 2);
+  assert_int_equal(((unsigned char *)info)[KVT_ACQUIRE_INFO_SIZE_V1], 0xee);
+  assert_int_equal(kvt_release(f.c, r), 0);
+  fixture_close(&f);
+}
+
 static void acquire_bad_args(void **state) {
   fixture f;
   fixture_open(&f, 8, 8);
@@ -1186,6 +1208,7 @@ int main(void) {
       cmocka_unit_test(lookup_bad_args_and_foreign_keys),
       cmocka_unit_test(plan_request_bad_args),
       cmocka_unit_test(acquire_bad_args),
+      cmocka_unit_test(acquire_info_first_version),
       cmocka_unit_test(request_handles_bad_and_stale),
       cmocka_unit_test(calls_while_a_load_is_in_flight),
       cmocka_unit_test(regression_second_acquire_loads_into_a_filling_entry),

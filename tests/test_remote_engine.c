@@ -5,6 +5,7 @@
  * miss; a server killed mid-run leaves requests completing (misses,
  * recomputed) and local data intact, and the tier comes back by itself;
  * refused credentials fail the registration; the password never shows. */
+#include <errno.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -392,6 +393,15 @@ static void refused_credentials_fail_registration(void **state) {
   assert_non_null(strstr(text, "tier=\"remote\""));
   assert_null(strstr(text, "right-pw"));
   kvt_close(c);
+  /* A malformed URL, or a scheme without support (TLS): -EINVAL, named. */
+  const char *bad_urls[] = {"redis://127.0.0.1:99999", "rediss://127.0.0.1:6379", "redis://127.0.0.1:63x9", "redis://host/0"};
+  for (size_t i = 0; i < sizeof bad_urls / sizeof bad_urls[0]; i++) {
+    cfg.remote_url = bad_urls[i];
+    assert_int_equal(kvt_open(&cfg, &c), 0);
+    assert_int_equal(kvt_register_layout(c, &lay), -EINVAL);
+    assert_non_null(strstr(kvt_error_detail(c), "remote tier"));
+    kvt_close(c);
+  }
   /* A URL carrying the password is logged masked. */
   char url[1200];
   snprintf(url, sizeof url, "redis://:right-pw-3141@127.0.0.1:1");

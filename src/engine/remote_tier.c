@@ -68,18 +68,20 @@ static void *reconnect_main(void *arg) {
     fill_cfg(c, &rc, why, sizeof why);
     kvt__remote *r = NULL;
     int rv = kvt__remote_open(&rc, &r);
+    /* Log lines go out with no kvtier lock held. */
+    if (rv == 0) {
+      char url[256];
+      masked_url(c->remote_url, url, sizeof url);
+      kvt__log_to(&c->log, KVT_LOG_WARN, "remote tier %s reachable: the tier is back", url);
+    } else if (rv == KVT_EAUTH && !auth_logged) {
+      auth_logged = 1;
+      kvt__log_to(&c->log, KVT_LOG_ERROR, "remote tier refused the credentials (%s); retrying", why[0] ? why : kvt_strerror(rv));
+    }
     pthread_mutex_lock(&c->rlock);
     if (rv == 0) {
       atomic_store_explicit(&c->remote, r, memory_order_release);
       c->r_reconnects++;
-      char url[256];
-      masked_url(c->remote_url, url, sizeof url);
-      kvt__log_to(&c->log, KVT_LOG_WARN, "remote tier %s reachable: the tier is back", url);
       break;
-    }
-    if (rv == KVT_EAUTH && !auth_logged) {
-      auth_logged = 1;
-      kvt__log_to(&c->log, KVT_LOG_ERROR, "remote tier refused the credentials (%s); retrying", why[0] ? why : kvt_strerror(rv));
     }
     backoff_ms = backoff_ms * 2 > max_ms ? max_ms : backoff_ms * 2;
   }
