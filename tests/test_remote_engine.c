@@ -540,6 +540,54 @@ static void cluster_shares_blocks(void **state) {
   kvt_redis_stop(&cl);
 }
 
+/* A master killed mid-run: requests complete (its blocks are misses),
+ * local data stays, and once a replica is promoted the whole key space is
+ * used again. */
+static void cluster_master_killed_then_failover(void **state) {
+  (void)state;
+  kvt_redis cl;
+  kvt_redis_opts o = {.node_timeout_ms = 1000};
+  if (kvt_redis_cluster_start(&cl, 3, 1, &o) != 0) fail_msg("cluster did not start");
+  fixture a, b;
+  open_remote(&a, cl.url, "model-A@1");
+  open_remote(&b, cl.url, "model-A@1");
+  for (uint32_t conv = 50; conv < 54; conv++) compute_and_push_out(&a, conv);
+  int victim = kvt_redis_slot_master(&cl, 0, 0);
+  assert_true(victim >= 0);
+  kvt_redis_signal(&cl, victim, SIGKILL);
+  /* Requests complete whatever the state of the cluster. */
+  for (uint32_t conv = 50; conv < 54; conv++) {
+    kvt_key keys[NB];
+    uint32_t tok[NB * 16];
+    fixture_keys(&b, conv, NB, keys, tok);
+    uint32_t ready = run_request(&b, keys, tok, NB, conv);
+    assert_true(ready <= NB);
+  }
+  kvt_key local[NB];
+  uint32_t ltok[NB * 16];
+  fixture_keys(&a, 53 + 1000, NB, local, ltok); /* on a's host */
+  assert_int_equal(run_request(&a, local, ltok, NB, 53 + 1000), NB);
+  /* After the failover every slot has a master again: new blocks of many
+   * conversations (keys over all slots) all come back through b. */
+  int back = 0;
+  for (uint32_t round = 0; round < 60 && !back; round++) {
+    back = 1;
+    for (uint32_t k = 0; k < 8 && back; k++) { /* 32 keys: some on every master */
+      uint32_t conv = 60 + 3000 * round + k;
+      compute_and_push_out(&a, conv);
+      kvt_key keys[NB];
+      uint32_t tok[NB * 16];
+      fixture_keys(&b, conv, NB, keys, tok);
+      back = fixture_lookup(&b, keys, NB).n_remote == NB;
+    }
+    if (!back) usleep(250000);
+  }
+  assert_true(back);
+  fixture_close(&b);
+  fixture_close(&a);
+  kvt_redis_stop(&cl);
+}
+
 int main(void) {
   setup_server();
   const struct CMUnitTest tests[] = {
@@ -553,6 +601,7 @@ int main(void) {
       cmocka_unit_test(refused_credentials_fail_registration),
       cmocka_unit_test(storage_mode_puts_and_gets_through_the_server),
       cmocka_unit_test(cluster_shares_blocks),
+      cmocka_unit_test(cluster_master_killed_then_failover),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   kvt_redis_stop(&srv);
