@@ -38,6 +38,7 @@ typedef struct kvt_bench_micro_opts {
   int quick;            /* --quick: smaller sizes (CI smoke) */
   const char *dir;      /* --dir: where disk sections put their file */
   double seconds;       /* --seconds: target time per measurement (0.5) */
+  const char *remote;   /* --remote: a Redis server or cluster for the remote section */
 } kvt_bench_micro_opts;
 
 typedef struct kvt_bench_rows kvt_bench_rows;

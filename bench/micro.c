@@ -73,7 +73,7 @@ static void json_str(FILE *f, const char *s) {
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: kvtier-bench micro [--only SECTION] [--seconds S] [--quick] [--dir DIR] [--json]\n\n"
+          "usage: kvtier-bench micro [--only SECTION] [--seconds S] [--quick] [--dir DIR] [--remote URL] [--json]\n\n"
           "Each hot path of kvtier next to the machine's own limit for the same work, measured\n"
           "in the same run, so the ratio means the same on any machine.\n\n"
           "sections (all by default):\n"
@@ -86,11 +86,15 @@ static void usage(FILE *f) {
           "         and kvt_exists over 1M resident keys\n"
           "  metrics acquire+release and host copies with counting on vs compiled out\n"
           "  restore restore_disk: a 10,000-token Llama-3-8B-shaped conversation from disk to the\n"
-          "         device tier vs max(raw io_uring read of its records, memcpy of its pieces)\n\n"
+          "         device tier vs max(raw io_uring read of its records, memcpy of its pieces)\n"
+          "  remote remote tier: put and get of 2 MiB records through kvtier's client vs a raw\n"
+          "         hiredis pipeline of the same records to the same servers (--remote URL, else\n"
+          "         a redis-server it starts itself when one is installed)\n\n"
           "  --only SECTION   run one section\n"
           "  --seconds S      target time per measurement, 0 < S <= 60 (0.5)\n"
           "  --quick          smaller sizes (a quick check, less stable figures)\n"
           "  --dir DIR        where the disk section puts its file (the system's temporary dir)\n"
+          "  --remote URL     the remote section's store: redis://[user[:password]@]host:port[,...]\n"
           "  --json           one JSON array of rows\n\n"
           "Columns: value and limit in `unit`; ratio = value / limit (for cpu-s/GB, lower is\n"
           "better); target = the ratio kvtier aims for; ok or MISSED against it. The line under\n"
@@ -139,6 +143,9 @@ static const char *missed_reason(const char *section) {
            "limit is the slower of the raw read and the copy alone, so it is met only when copies\n"
            "overlap the reads. The acquire row: kvt_acquire must not wait for any disk read.";
   if (!strcmp(section, "gpu")) return "see kvtier-bench gpu for the per-path figures.";
+  if (!strcmp(section, "remote"))
+    return "kvtier seals (put) or verifies (get) each record's checksums and routes it by slot;\n"
+           "the raw pipeline does neither. A server on the same machine shares its CPUs with both.";
   if (!strcmp(section, "metrics"))
     return "both builds ran the same calls in alternating rounds; on a loaded machine one round's\n"
            "noise can exceed the cost of counting: run it again with a longer --seconds.";
@@ -173,10 +180,12 @@ static int micro_main(int argc, char **argv) {
     else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
       usage(stdout);
       return 0;
-    } else if (!v && (!strcmp(a, "--dir") || !strcmp(a, "--seconds") || !strcmp(a, "--only"))) {
+    } else if (!v && (!strcmp(a, "--dir") || !strcmp(a, "--seconds") || !strcmp(a, "--only") ||
+                      !strcmp(a, "--remote"))) {
       fprintf(stderr, "kvtier-bench micro: %s needs a value\n", a);
       return 2;
     } else if (!strcmp(a, "--dir")) o.dir = argv[++i];
+    else if (!strcmp(a, "--remote")) o.remote = argv[++i];
     else if (!strcmp(a, "--seconds")) {
       if (parse_seconds(argv[++i], &o.seconds)) return 2;
     } else if (!strcmp(a, "--only")) {

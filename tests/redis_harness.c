@@ -212,18 +212,29 @@ static int setup(kvt_redis *rs, int n, int cluster, const kvt_redis_opts *opts) 
     atexit(kill_all);
     exit_handler_set = 1;
   }
-  size_t o = (size_t)snprintf(rs->url, sizeof rs->url, "redis://");
+  /* A port picked free can be taken before the server binds it (another
+   * test, an outgoing connection): then new ports, up to 3 times. */
   for (int i = 0; i < n; i++) {
     kvt_redis_node *nd = &rs->node[i];
-    nd->port = free_port();
-    nd->bus_port = free_port();
-    if (nd->port < 0 || nd->bus_port < 0 || nd->port == nd->bus_port) return -1;
-    snprintf(nd->dir, sizeof nd->dir, "%s/redis-%d", tmp, nd->port);
-    if (mkdir(nd->dir, 0755) != 0 || write_conf(rs, nd) != 0) return -1;
-    if (i < 3) o += (size_t)snprintf(rs->url + o, sizeof rs->url - o, "%s127.0.0.1:%d", i ? "," : "", nd->port);
+    int up = 0;
+    for (int attempt = 0; attempt < 3 && !up; attempt++) {
+      nd->port = free_port();
+      nd->bus_port = free_port();
+      if (nd->port < 0 || nd->bus_port < 0 || nd->port == nd->bus_port) continue;
+      snprintf(nd->dir, sizeof nd->dir, "%s/redis-%d", tmp, nd->port);
+      if (mkdir(nd->dir, 0755) != 0 || write_conf(rs, nd) != 0) return -1;
+      up = start_node(rs, i) == 0;
+      if (!up && nd->pid > 0) { /* up but mute: not this one either */
+        kill_group(nd->pid);
+        forget(nd->pid);
+        nd->pid = 0;
+      }
+    }
+    if (!up) return -1;
   }
-  for (int i = 0; i < n; i++)
-    if (start_node(rs, i) != 0) return -1;
+  size_t o = (size_t)snprintf(rs->url, sizeof rs->url, "redis://");
+  for (int i = 0; i < n && i < 3; i++)
+    o += (size_t)snprintf(rs->url + o, sizeof rs->url - o, "%s127.0.0.1:%d", i ? "," : "", rs->node[i].port);
   return 0;
 }
 

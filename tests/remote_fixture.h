@@ -24,7 +24,7 @@ typedef struct rf_wait {
 
 static rf_wait rf_w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, {0}};
 
-static void rf_done(void *arg, int status) {
+static inline void rf_done(void *arg, int status) {
   uintptr_t i = (uintptr_t)arg;
   pthread_mutex_lock(&rf_w.mu);
   rf_w.status[i] = status;
@@ -33,7 +33,7 @@ static void rf_done(void *arg, int status) {
   pthread_mutex_unlock(&rf_w.mu);
 }
 
-static void rf_reset(void) {
+static inline void rf_reset(void) {
   pthread_mutex_lock(&rf_w.mu);
   rf_w.done = 0;
   for (int i = 0; i < 4096; i++) rf_w.status[i] = 1; /* not yet */
@@ -42,7 +42,7 @@ static void rf_reset(void) {
 
 /* Waits for n completions. A minute is no bound on the client (the tests
  * never assert times): it is how long a test waits before calling a hang. */
-static void rf_wait_n(uint32_t n) {
+static inline void rf_wait_n(uint32_t n) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   ts.tv_sec += 60;
@@ -60,25 +60,25 @@ typedef struct rf_geom {
   size_t rec;
 } rf_geom;
 
-static rf_geom rf_geometry(uint32_t bt, uint64_t payload) {
+static inline rf_geom rf_geometry(uint32_t bt, uint64_t payload) {
   rf_geom g = {bt, payload, kvt__record_bytes(bt, (size_t)payload)};
   return g;
 }
 
-static void *rf_alloc(size_t bytes) {
+static inline void *rf_alloc(size_t bytes) {
   void *p = aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
   assert_non_null(p);
   memset(p, 0, bytes);
   return p;
 }
 
-static kvt_key rf_key(uint64_t i) {
+static inline kvt_key rf_key(uint64_t i) {
   kvt_key k = {0x1234567800000000ull + i, 0xabcdef0000000000ull ^ (i * 0x9e3779b97f4a7c15ull)};
   return k;
 }
 
 /* An unsealed record image of block key with a pattern from seed. */
-static void rf_record(void *rec, const rf_geom *g, kvt_key key, uint64_t seed) {
+static inline void rf_record(void *rec, const rf_geom *g, kvt_key key, uint64_t seed) {
   memset(rec, 0, KVT_RECORD_HDR_BYTES);
   kvt__record_hdr *h = rec;
   h->key = key;
@@ -90,21 +90,24 @@ static void rf_record(void *rec, const rf_geom *g, kvt_key key, uint64_t seed) {
   kvt_test_fill(kvt__record_payload(rec, g->bt), g->payload, seed);
 }
 
-static int rf_payload_ok(void *rec, const rf_geom *g, uint64_t seed) {
+static inline int rf_payload_ok(void *rec, const rf_geom *g, uint64_t seed) {
   return kvt_test_check(kvt__record_payload(rec, g->bt), g->payload, seed);
 }
 
-static kvt__remote_cfg rf_cfg(const char *url, kvt_key ns, const rf_geom *g) {
+static inline kvt__remote_cfg rf_cfg(const char *url, kvt_key ns, const rf_geom *g) {
   kvt__remote_cfg cfg;
   memset(&cfg, 0, sizeof cfg);
   cfg.url = url;
   cfg.ns = ns;
   cfg.block_tokens = g->bt;
   cfg.payload_bytes = g->payload;
+  /* Tests that are not about faults must not see one on a loaded machine
+   * (sanitizers, parallel tests): a long timeout. Fault tests set theirs. */
+  cfg.timeout_ms = 10000;
   return cfg;
 }
 
-static kvt__remote *rf_open(const kvt__remote_cfg *cfg) {
+static inline kvt__remote *rf_open(const kvt__remote_cfg *cfg) {
   char detail[256] = "";
   kvt__remote_cfg c = *cfg;
   c.detail = detail;
@@ -116,7 +119,7 @@ static kvt__remote *rf_open(const kvt__remote_cfg *cfg) {
 }
 
 /* Synchronous batch helpers: the statuses in rf_w.status[0..n). */
-static void rf_put(kvt__remote *r, void **recs, const kvt_key *keys, uint32_t n) {
+static inline void rf_put(kvt__remote *r, void **recs, const kvt_key *keys, uint32_t n) {
   kvt__remote_io io[256];
   assert_true(n <= 256);
   rf_reset();
@@ -128,7 +131,7 @@ static void rf_put(kvt__remote *r, void **recs, const kvt_key *keys, uint32_t n)
   rf_wait_n(n);
 }
 
-static void rf_get(kvt__remote *r, void **recs, const kvt_key *keys, uint32_t n) {
+static inline void rf_get(kvt__remote *r, void **recs, const kvt_key *keys, uint32_t n) {
   kvt__remote_io io[256];
   assert_true(n <= 256);
   rf_reset();
@@ -140,7 +143,7 @@ static void rf_get(kvt__remote *r, void **recs, const kvt_key *keys, uint32_t n)
   rf_wait_n(n);
 }
 
-static void rf_sleep_ms(int ms) {
+static inline void rf_sleep_ms(int ms) {
   struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
   nanosleep(&ts, NULL);
 }

@@ -430,6 +430,76 @@ static void killed_server(void **state) {
   kvt_redis_stop(&fs);
 }
 
+/* The server drops the connection while a large put is being written: the
+ * puts fail (KVT_EREMOTE), the process gets no SIGPIPE, and the next puts
+ * go through a new connection. */
+static void connection_dropped_mid_write(void **state) {
+  rf_geom g = rf_geometry(16, 2u << 20);
+  kvt__remote_cfg cfg = rf_cfg(srv.url, NS_A, &g);
+  cfg.conns_per_node = 1;
+  cfg.backoff_min_ms = 10;
+  cfg.backoff_max_ms = 20;
+  kvt__remote *r = rf_open(&cfg);
+  enum { N = 8 };
+  void *recs[N];
+  kvt_key keys[N];
+  for (int i = 0; i < N; i++) {
+    keys[i] = rf_key(9000 + (uint64_t)i);
+    recs[i] = rf_alloc(g.rec);
+    rf_record(recs[i], &g, keys[i], 9000 + (uint64_t)i);
+  }
+  rf_put(r, recs, keys, 1); /* connected */
+  assert_int_equal(rf_w.status[0], 0);
+  char out[64];
+  assert_int_equal(kvt_redis_cmd(&srv, 0, out, sizeof out, "CLIENT KILL TYPE normal"), 0);
+  assert_true(atoi(out) >= 1);
+  rf_put(r, recs, keys, N); /* 16 MiB into a closed connection */
+  int failed = 0;
+  for (int i = 0; i < N; i++) {
+    assert_true(rf_w.status[i] == 0 || rf_w.status[i] == KVT_EREMOTE);
+    failed += rf_w.status[i] != 0;
+  }
+  assert_true(failed > 0);
+  int ok = 0;
+  for (int t = 0; t < 200 && !ok; t++) {
+    rf_put(r, recs, keys, N);
+    ok = rf_w.status[0] == 0 && rf_w.status[N - 1] == 0;
+    if (!ok) rf_sleep_ms(20);
+  }
+  assert_true(ok);
+  for (int i = 0; i < N; i++) free(recs[i]);
+  kvt__remote_close(r);
+}
+
+/* Closing with ops queued behind a stopped server: every op still gets its
+ * one completion (a failure) before close returns. */
+static void close_fails_queued(void **state) {
+  kvt_redis fs;
+  assert_int_equal(kvt_redis_start(&fs, NULL), 0);
+  rf_geom g = rf_geometry(16, 4096);
+  kvt__remote *r = fault_client(&fs, &g);
+  enum { N = 40 };
+  void *recs[N];
+  kvt__remote_io io[N];
+  for (int i = 0; i < N; i++) {
+    recs[i] = rf_alloc(g.rec);
+    io[i] = (kvt__remote_io){rf_key(8000 + (uint64_t)i), recs[i], (void *)(uintptr_t)i, 0};
+  }
+  kvt_redis_signal(&fs, 0, SIGSTOP);
+  rf_reset();
+  for (int b = 0; b < N; b += 4) /* ten batches: one in flight, the rest queued */
+    assert_int_equal(kvt__remote_get(r, io + b, 4, rf_done), 4);
+  kvt__remote_close(r);
+  pthread_mutex_lock(&rf_w.mu);
+  uint32_t done = rf_w.done;
+  pthread_mutex_unlock(&rf_w.mu);
+  assert_int_equal(done, N);
+  for (int i = 0; i < N; i++) assert_true(rf_w.status[i] == KVT_EREMOTE || rf_w.status[i] == KVT_ETIMEDOUT);
+  kvt_redis_signal(&fs, 0, SIGCONT);
+  for (int i = 0; i < N; i++) free(recs[i]);
+  kvt_redis_stop(&fs);
+}
+
 /* Nothing listens: open fails with KVT_EREMOTE and says why. */
 static void unreachable(void **state) {
   char detail[256];
@@ -559,6 +629,7 @@ int main(void) {
       cmocka_unit_test(url_forms),         cmocka_unit_test(bad_arguments),
       cmocka_unit_test(credentials),       cmocka_unit_test(server_memory),
       cmocka_unit_test(stopped_server),    cmocka_unit_test(killed_server),
+      cmocka_unit_test(connection_dropped_mid_write), cmocka_unit_test(close_fails_queued),
       cmocka_unit_test(unreachable),
   };
   return cmocka_run_group_tests(tests, setup_server, teardown_server);

@@ -1,15 +1,21 @@
 /* A node's connection threads: each takes a batch off the node's FIFO,
  * writes it as one pipeline and reads the replies in order, all against one
- * deadline (timeout_ms from the start of the round trip). hiredis connects,
- * authenticates and parses; the writes are ours (writev straight from the
- * records), and a GET's bulk string is parsed into the caller's record. */
+ * deadline (timeout_ms from the start of the round trip). hiredis connects
+ * and authenticates; the data path is ours: commands go out in one gathered send
+ * straight from the records, and a GET's bulk string is read from the
+ * socket straight into the caller's record (hiredis's reader would copy it
+ * into its buffer, then into a reply object: two more passes over 2 MiB).
+ * The replies of GET, SET, EXISTS, DEL and ASKING are one line or one bulk
+ * string; anything else is a protocol error that drops the connection. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -20,8 +26,33 @@
 
 #define RM_HDR_BYTES 256u /* one command's header: "*3\r\n$3\r\nSET\r\n$len\r\nkey\r\n$len\r\n" */
 
-static char rm_bulk_marker; /* the reply object of a GET parsed into its record */
-static _Thread_local rm_conn *tl_conn;
+/* ---- SIGPIPE ----
+ * hiredis writes AUTH and CLUSTER SLOTS with write(): to a server that has
+ * just closed the connection (maxclients, a restart) that raises SIGPIPE,
+ * which by default kills the process. The client's own threads block it for
+ * their lifetime; a caller's thread (open) blocks it around the calls and
+ * takes back a SIGPIPE they raised. */
+
+void kvt__rm_sigpipe_off(kvt__rm_sigpipe *s) {
+  sigset_t pend, pipe;
+  sigemptyset(&pipe);
+  sigaddset(&pipe, SIGPIPE);
+  sigpending(&pend);
+  s->was_pending = sigismember(&pend, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe, &s->old);
+}
+
+void kvt__rm_sigpipe_on(const kvt__rm_sigpipe *s) {
+  sigset_t pend, pipe;
+  sigemptyset(&pipe);
+  sigaddset(&pipe, SIGPIPE);
+  sigpending(&pend);
+  if (!s->was_pending && sigismember(&pend, SIGPIPE)) {
+    struct timespec zero = {0, 0};
+    sigtimedwait(&pipe, NULL, &zero);
+  }
+  pthread_sigmask(SIG_SETMASK, &s->old, NULL);
+}
 
 /* ---- connecting ---- */
 
@@ -73,25 +104,6 @@ int kvt__rm_connect(kvt__remote *r, const char *host, int port, redisContext **o
   return 0;
 }
 
-/* ---- the reader hook: a GET's bulk string goes straight into its record ---- */
-
-static void *rd_string(const redisReadTask *t, char *s, size_t len) {
-  rm_conn *cn = tl_conn;
-  if (cn->cur_get && t->type == REDIS_REPLY_STRING && !t->parent) {
-    rm_op *op = cn->cur_get;
-    op->bulk_len = len;
-    if (len == cn->node->r->rec_bytes) memcpy(op->rec, s, len);
-    return &rm_bulk_marker;
-  }
-  return cn->dflt->createString(t, s, len);
-}
-
-static void rd_free(void *p) {
-  if (p != &rm_bulk_marker) freeReplyObject(p);
-}
-
-static void reply_free(void *p) { rd_free(p); }
-
 static int conn_open(rm_conn *cn) {
   kvt__remote *r = cn->node->r;
   char err[256];
@@ -104,12 +116,7 @@ static int conn_open(rm_conn *cn) {
     return KVT_EREMOTE;
   }
   c->flags &= ~REDIS_BLOCK;
-  cn->dflt = c->reader->fn;
-  cn->fns = *cn->dflt;
-  cn->fns.createString = rd_string;
-  cn->fns.freeObject = rd_free;
-  c->reader->fn = &cn->fns;
-  c->reader->maxbuf = 0; /* keep the buffer a 2 MiB record grew */
+  cn->in_head = cn->in_tail = 0;
   cn->ctx = c;
   return 0;
 }
@@ -181,12 +188,19 @@ static int wait_fd(int fd, short events, int64_t deadline) {
   }
 }
 
-/* Reads what the socket has into the reader: 1 read something, 0 nothing
- * yet, or a negative status (closed, error). */
+/* Reads what the socket has into the input buffer: 1 read something, 0
+ * nothing yet (or no room), or a negative status (closed, error). */
 static int read_some(rm_conn *cn) {
-  ssize_t got = read(cn->ctx->fd, cn->rbuf, RM_READ_CHUNK);
+  if (cn->in_head == cn->in_tail) cn->in_head = cn->in_tail = 0;
+  if (cn->in_tail == RM_IN_BYTES && cn->in_head > 0) {
+    memmove(cn->in, cn->in + cn->in_head, cn->in_tail - cn->in_head);
+    cn->in_tail -= cn->in_head;
+    cn->in_head = 0;
+  }
+  if (cn->in_tail == RM_IN_BYTES) return 0;
+  ssize_t got = read(cn->ctx->fd, cn->in + cn->in_tail, RM_IN_BYTES - cn->in_tail);
   if (got > 0) {
-    if (redisReaderFeed(cn->ctx->reader, cn->rbuf, (size_t)got) != REDIS_OK) return KVT_EREMOTE;
+    cn->in_tail += (size_t)got;
     RM_ADD(cn->node->r, bytes_read, (uint64_t)got);
     return 1;
   }
@@ -194,10 +208,22 @@ static int read_some(rm_conn *cn) {
   return errno == EAGAIN || errno == EINTR ? 0 : KVT_EREMOTE;
 }
 
+/* At least one more byte in the input buffer, or a negative status. */
+static int fill(rm_conn *cn, int64_t deadline) {
+  for (;;) {
+    int rc = read_some(cn);
+    if (rc) return rc;
+    if (cn->in_tail == RM_IN_BYTES && cn->in_head == 0) return KVT_EREMOTE; /* a line longer than the buffer */
+    if (wait_fd(cn->ctx->fd, POLLIN, deadline) == 0) return KVT_ETIMEDOUT;
+  }
+}
+
 static int write_all(rm_conn *cn, struct iovec *iov, int niov, int64_t deadline) {
   int fd = cn->ctx->fd;
   while (niov > 0) {
-    ssize_t w = writev(fd, iov, niov < IOV_MAX ? niov : IOV_MAX);
+    /* sendmsg, not writev: MSG_NOSIGNAL, a server gone is no SIGPIPE for the engine */
+    struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)(niov < IOV_MAX ? niov : IOV_MAX)};
+    ssize_t w = sendmsg(fd, &m, MSG_NOSIGNAL);
     if (w > 0) {
       RM_ADD(cn->node->r, bytes_written, (uint64_t)w);
       while (niov > 0 && (size_t)w >= iov->iov_len) {
@@ -213,8 +239,10 @@ static int write_all(rm_conn *cn, struct iovec *iov, int niov, int64_t deadline)
     }
     if (w < 0 && errno == EINTR) continue;
     if (w < 0 && errno != EAGAIN) return KVT_EREMOTE;
-    /* Replies may fill the other direction meanwhile: take them in. */
-    int ev = wait_fd(fd, POLLOUT | POLLIN, deadline);
+    /* Replies may come meanwhile: take them in while there is room (the
+     * server buffers the rest). */
+    short want = POLLOUT | (cn->in_tail < RM_IN_BYTES || cn->in_head > 0 ? POLLIN : 0);
+    int ev = wait_fd(fd, want, deadline);
     if (ev == 0) return KVT_ETIMEDOUT;
     if (ev & POLLIN) {
       int rc = read_some(cn);
@@ -224,27 +252,88 @@ static int write_all(rm_conn *cn, struct iovec *iov, int niov, int64_t deadline)
   return 0;
 }
 
-/* The next reply (get: parsed into op's record), or NULL with *status. */
-static void *next_reply(rm_conn *cn, rm_op *get, int64_t deadline, int *status) {
+/* One reply line (without CRLF, cut to cap - 1 bytes) into out. */
+static int read_line(rm_conn *cn, char *out, size_t cap, int64_t deadline) {
   for (;;) {
-    void *rep = NULL;
-    cn->cur_get = get;
-    int rc = redisReaderGetReply(cn->ctx->reader, &rep);
-    cn->cur_get = NULL;
-    if (rc != REDIS_OK) {
-      *status = KVT_EREMOTE;
-      return NULL;
+    char *start = cn->in + cn->in_head;
+    size_t avail = cn->in_tail - cn->in_head;
+    char *nl = avail >= 2 ? memmem(start, avail, "\r\n", 2) : NULL;
+    if (nl) {
+      size_t len = (size_t)(nl - start);
+      size_t keep = len < cap - 1 ? len : cap - 1;
+      memcpy(out, start, keep);
+      out[keep] = 0;
+      cn->in_head += len + 2;
+      return 0;
     }
-    if (rep) return rep;
-    rc = read_some(cn);
-    if (rc < 0) {
-      *status = rc;
-      return NULL;
+    int rc = fill(cn, deadline);
+    if (rc < 0) return rc;
+  }
+}
+
+/* len bytes of a bulk string into dst (NULL: dropped), then its CRLF. What
+ * the input buffer holds is copied; the rest is read from the socket
+ * straight into dst. */
+static int read_bulk(rm_conn *cn, char *dst, size_t len, int64_t deadline) {
+  size_t off = 0;
+  while (off < len) {
+    size_t avail = cn->in_tail - cn->in_head, take = len - off < avail ? len - off : avail;
+    if (take) {
+      if (dst) memcpy(dst + off, cn->in + cn->in_head, take);
+      cn->in_head += take;
+      off += take;
+      continue;
     }
-    if (rc == 0 && wait_fd(cn->ctx->fd, POLLIN, deadline) == 0) {
-      *status = KVT_ETIMEDOUT;
-      return NULL;
+    if (!dst || len - off < RM_IN_BYTES / 4) { /* small or dropped: through the buffer */
+      int rc = fill(cn, deadline);
+      if (rc < 0) return rc;
+      continue;
     }
+    ssize_t got = read(cn->ctx->fd, dst + off, len - off);
+    if (got > 0) {
+      off += (size_t)got;
+      RM_ADD(cn->node->r, bytes_read, (uint64_t)got);
+    } else if (got == 0 || (errno != EAGAIN && errno != EINTR)) {
+      return KVT_EREMOTE;
+    } else if (errno == EAGAIN && wait_fd(cn->ctx->fd, POLLIN, deadline) == 0) {
+      return KVT_ETIMEDOUT;
+    }
+  }
+  while (cn->in_tail - cn->in_head < 2) {
+    int rc = fill(cn, deadline);
+    if (rc < 0) return rc;
+  }
+  if (memcmp(cn->in + cn->in_head, "\r\n", 2) != 0) return KVT_EREMOTE;
+  cn->in_head += 2;
+  return 0;
+}
+
+/* The next reply; a GET's bulk string of record size lands in its record.
+ * 0, or the status of a failed connection or a protocol error. */
+static int next_reply(rm_conn *cn, rm_op *get, int64_t deadline, rm_reply *rep) {
+  int rc = read_line(cn, rep->line, sizeof rep->line, deadline);
+  if (rc) return rc;
+  rep->type = rep->line[0];
+  char *end;
+  switch (rep->type) {
+  case '+':
+  case '-': return 0;
+  case '_': rep->type = '_'; return 0; /* RESP3 null */
+  case ':':
+    rep->integer = strtoll(rep->line + 1, &end, 10);
+    return *end ? KVT_EREMOTE : 0;
+  case '$': {
+    long long len = strtoll(rep->line + 1, &end, 10);
+    if (*end || len < -1) return KVT_EREMOTE;
+    if (len == -1) {
+      rep->type = '_';
+      return 0;
+    }
+    rep->bulk_len = (size_t)len;
+    int into = get && rep->bulk_len == cn->node->r->rec_bytes;
+    return read_bulk(cn, into ? get->rec : NULL, rep->bulk_len, deadline);
+  }
+  default: return KVT_EREMOTE; /* arrays, RESP3 types: not a reply these commands get */
   }
 }
 
@@ -283,8 +372,8 @@ static int build_iov(rm_conn *cn, rm_op **ops, uint32_t n) {
 }
 
 /* A get's status from the bytes the reader put in its record. */
-static int check_get(kvt__remote *r, rm_op *op) {
-  if (op->bulk_len != r->rec_bytes) return KVT_ECORRUPT;
+static int check_get(kvt__remote *r, rm_op *op, size_t bulk_len) {
+  if (bulk_len != r->rec_bytes) return KVT_ECORRUPT;
   int rc = kvt__record_check(op->rec, r->rec_bytes, &r->ns, r->block_tokens, r->payload_bytes, &op->key, 1,
                              NULL);
   return rc == KVT_EMISS ? KVT_ECORRUPT : rc; /* zeros under our key: garbage */
@@ -334,27 +423,24 @@ static int error_status(rm_conn *cn, rm_op *op, const char *msg) {
 }
 
 /* Completes op from its reply (or passes it on to another node). */
-static void handle_reply(rm_conn *cn, rm_op *op, void *rep, int asking_ok) {
+static void handle_reply(rm_conn *cn, rm_op *op, rm_reply *rep, int asking_ok) {
   kvt__remote *r = cn->node->r;
   int st = KVT_EREMOTE;
-  if (rep == &rm_bulk_marker) {
-    st = check_get(r, op);
-  } else {
-    redisReply *x = rep;
-    if (x->type == REDIS_REPLY_ERROR) {
-      st = error_status(cn, op, x->str);
-      if (st == 1) {
-        freeReplyObject(x);
-        return;
-      }
-    } else if (x->type == REDIS_REPLY_NIL) {
-      st = op->kind == RM_GET ? KVT_EMISS : op->kind == RM_EXISTS ? 0 : KVT_EREMOTE;
-    } else if (x->type == REDIS_REPLY_STATUS && op->kind == RM_PUT) {
-      st = strcmp(x->str, "OK") == 0 ? 0 : KVT_EREMOTE;
-    } else if (x->type == REDIS_REPLY_INTEGER && (op->kind == RM_EXISTS || op->kind == RM_DEL)) {
-      st = x->integer > 0;
-    }
-    freeReplyObject(x);
+  switch (rep->type) {
+  case '-':
+    st = error_status(cn, op, rep->line + 1);
+    if (st == 1) return;
+    break;
+  case '_': st = op->kind == RM_GET ? KVT_EMISS : op->kind == RM_EXISTS ? 0 : KVT_EREMOTE; break;
+  case '$':
+    if (op->kind == RM_GET) st = check_get(r, op, rep->bulk_len);
+    break;
+  case '+':
+    if (op->kind == RM_PUT) st = strcmp(rep->line, "+OK") == 0 ? 0 : KVT_EREMOTE;
+    break;
+  case ':':
+    if (op->kind == RM_EXISTS || op->kind == RM_DEL) st = rep->integer > 0;
+    break;
   }
   if (!asking_ok && st >= 0) st = KVT_EREMOTE;
   kvt__rm_complete(r, op, st);
@@ -376,16 +462,15 @@ static int round_trip(rm_conn *cn, rm_op **ops, uint32_t n, uint32_t *answered) 
   for (; rc == 0 && i < n; i++) {
     rm_op *op = ops[i];
     int asking_ok = 1;
-    void *rep;
+    rm_reply rep;
     if (op->asking) {
-      if (!(rep = next_reply(cn, NULL, deadline, &rc))) break;
-      asking_ok = ((redisReply *)rep)->type == REDIS_REPLY_STATUS;
-      reply_free(rep);
+      if ((rc = next_reply(cn, NULL, deadline, &rep))) break;
+      asking_ok = rep.type == '+';
       op->asking = 0;
     }
-    if (!(rep = next_reply(cn, op->kind == RM_GET ? op : NULL, deadline, &rc))) break;
+    if ((rc = next_reply(cn, op->kind == RM_GET ? op : NULL, deadline, &rep))) break;
     if (i == 0) node_ok(cn->node);
-    handle_reply(cn, op, rep, asking_ok);
+    handle_reply(cn, op, &rep, asking_ok);
   }
   *answered = i;
   return rc;
@@ -425,7 +510,8 @@ static void *conn_main(void *arg) {
   rm_conn *cn = arg;
   rm_node *n = cn->node;
   kvt__remote *r = n->r;
-  tl_conn = cn;
+  kvt__rm_sigpipe sp;
+  kvt__rm_sigpipe_off(&sp); /* for the thread's life */
   rm_op **batch = malloc(sizeof *batch * r->max_batch);
   for (;;) {
     pthread_mutex_lock(&n->mu);
@@ -435,7 +521,11 @@ static void *conn_main(void *arg) {
       break;
     }
     uint32_t k = 0;
+    size_t bytes = 0;
     while (n->head && k < r->max_batch) {
+      size_t b = n->head->kind == RM_GET || n->head->kind == RM_PUT ? r->rec_bytes : 0;
+      if (k && bytes + b > RM_BATCH_BYTES) break;
+      bytes += b;
       batch[k++] = n->head;
       n->head = n->head->next;
     }
@@ -485,10 +575,10 @@ static rm_node *node_new(kvt__remote *r, uint32_t index, const char *host, int p
   for (uint32_t i = 0; i < r->conns_per_node; i++) {
     rm_conn *cn = &n->conns[i];
     cn->node = n;
-    cn->rbuf = malloc(RM_READ_CHUNK);
+    cn->in = malloc(RM_IN_BYTES);
     cn->hdrs = malloc((size_t)r->max_batch * RM_HDR_BYTES);
     cn->iov = malloc(sizeof *cn->iov * 4 * r->max_batch);
-    if (!cn->rbuf || !cn->hdrs || !cn->iov || pthread_create(&cn->thread, NULL, conn_main, cn) != 0) break;
+    if (!cn->in || !cn->hdrs || !cn->iov || pthread_create(&cn->thread, NULL, conn_main, cn) != 0) break;
     cn->started = 1;
     n->nconns++;
   }
@@ -538,7 +628,7 @@ void kvt__rm_node_free(rm_node *n) {
   }
   if (n->conns)
     for (uint32_t i = 0; i < n->r->conns_per_node; i++) {
-      free(n->conns[i].rbuf);
+      free(n->conns[i].in);
       free(n->conns[i].hdrs);
       free(n->conns[i].iov);
     }

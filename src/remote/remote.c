@@ -261,12 +261,11 @@ static rm_node *route(kvt__remote *r, const kvt_key *key, uint16_t *slot, int8_t
     return NULL;
   }
   rm_node *n = kvt__rm_node_at(r, idx - 1u);
-  if (usable[idx - 1] < 0) usable[idx - 1] = (int8_t)kvt__rm_node_usable(n, now);
-  if (!usable[idx - 1]) {
-    kvt__rm_want_refresh(r); /* after a failover the slot has another owner */
-    return NULL;
+  if (usable[idx - 1] < 0) {
+    usable[idx - 1] = (int8_t)kvt__rm_node_usable(n, now);
+    if (!usable[idx - 1]) kvt__rm_want_refresh(r); /* after a failover the slot has another owner */
   }
-  return n;
+  return usable[idx - 1] ? n : NULL;
 }
 
 typedef struct rm_lists {
@@ -460,7 +459,10 @@ static int discover(kvt__remote *r, const kvt__remote_cfg *cfg) {
     if (rep->type == REDIS_REPLY_ERROR && strncmp(rep->str, "NOAUTH", 6) == 0) {
       snprintf(err, sizeof err, "%s:%d: the server wants credentials: %s", host, port, rep->str);
       rc = KVT_EAUTH;
-    } else if (rep->type == REDIS_REPLY_ERROR) { /* cluster support disabled: one server */
+    } else if (rep->type == REDIS_REPLY_ERROR) {
+      /* Cluster support disabled: one server. (A user without the right to
+       * CLUSTER lands here too; on a cluster its ops then learn the map
+       * slot by slot from MOVED.) */
       rm_node *n = kvt__rm_node_get(r, host, port);
       if (!n)
         rc = -ENOMEM;
@@ -529,7 +531,12 @@ int kvt__remote_open(const kvt__remote_cfg *cfg, kvt__remote **out) {
   pthread_cond_init(&r->refresh_cv, NULL);
   pthread_mutex_init(&r->free_mu, NULL);
   int rc = copy_cfg(r, cfg);
-  if (!rc) rc = discover(r, cfg);
+  if (!rc) {
+    kvt__rm_sigpipe sp;
+    kvt__rm_sigpipe_off(&sp);
+    rc = discover(r, cfg);
+    kvt__rm_sigpipe_on(&sp);
+  }
   if (!rc && r->cluster) {
     if (pthread_create(&r->refresh_thread, NULL, kvt__rm_refresh_main, r) == 0)
       r->refresh_started = 1;

@@ -12,8 +12,11 @@
  *
  * Threads: the client owns its I/O threads (a bounded number of connections
  * per node, each with its own thread). A batch is split per node and
- * pipelined: one round trip per batch per node. done() runs on a client
- * thread and must not block (the engine posts a completion record).
+ * pipelined: one round trip per batch per node, a batch being at most
+ * max_batch ops and 8 MiB of records (deeper pipelines of large records only
+ * make the server buffer more). done() runs on a client thread and must not
+ * block (the engine posts a completion record); it may run before the
+ * submitting call returns.
  *
  * Cluster: learnt from CLUSTER SLOTS at open and refreshed after MOVED, a
  * connection failure or a timeout; ops follow MOVED (and refresh) and ASK
@@ -60,7 +63,9 @@ typedef struct kvt__remote_cfg {
 
 /* Connects to a seed, authenticates, learns the topology. Returns 0,
  * KVT_EREMOTE (no seed reachable; detail says why), KVT_EAUTH (the server
- * refused the credentials), -EINVAL (bad URL or cfg), -ENOMEM. */
+ * refused the credentials), -EINVAL (bad URL or cfg), -ENOMEM, or
+ * KVT_EUNSUPPORTED in a build without hiredis. May block (up to timeout_ms
+ * per seed). */
 int kvt__remote_open(const kvt__remote_cfg *cfg, kvt__remote **out);
 void kvt__remote_close(kvt__remote *r); /* fails what is queued, waits for threads */
 
@@ -93,7 +98,8 @@ int kvt__remote_put(kvt__remote *r, kvt__remote_io *ios, uint32_t n, kvt__remote
 int kvt__remote_exists(kvt__remote *r, const kvt_key *keys, uint32_t n, uint8_t *present,
                        int stop_at_first_miss);
 
-/* Removes keys (best effort, asynchronous, no result). */
+/* Removes keys (best effort, asynchronous, no result). Returns how many
+ * were queued (keys of a degraded node are skipped), or -EINVAL. */
 int kvt__remote_remove(kvt__remote *r, const kvt_key *keys, uint32_t n);
 
 typedef struct kvt__remote_stats {

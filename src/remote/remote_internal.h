@@ -4,14 +4,15 @@
  * Shape: every node (one server, or one cluster master) has a FIFO of ops
  * guarded by its mutex and conns_per_node threads, each owning one hiredis
  * connection. A thread takes up to max_batch ops at once, writes them as one
- * pipeline (writev, no copy of the values) and parses the replies in order,
- * a GET's bulk string straight into the caller's record. Redirected ops are
+ * pipeline (one gathered send, no copy of the values) and parses the replies in order,
+ * a GET's bulk string read from the socket into the caller's record. Redirected ops are
  * pushed onto the target node's FIFO. A refresh thread (cluster only) reloads
  * the slot map when asked to. */
 #ifndef KVT_REMOTE_INTERNAL_H
 #define KVT_REMOTE_INTERNAL_H
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 
@@ -26,7 +27,12 @@
 #define RM_HOST_MAX 64u
 #define RM_PREFIX_MAX 60u  /* keeps a key string under 128 bytes */
 #define RM_KEY_MAX 128u
-#define RM_READ_CHUNK (256u * 1024u)
+/* Records in flight per round trip: deeper pipelines of large records only
+ * make the server buffer more (2 MiB records: 4 per round trip measured
+ * best, kvtier-bench micro --only remote). */
+#define RM_BATCH_BYTES (8u << 20)
+#define RM_IN_BYTES (64u * 1024u) /* a connection's input buffer */
+#define RM_LINE_MAX 512u          /* reply lines kept (error messages are cut) */
 
 enum { RM_GET, RM_PUT, RM_EXISTS, RM_DEL };
 
@@ -44,8 +50,16 @@ typedef struct rm_op {
   kvt__remote_done_fn done;
   rm_wait *wait;      /* exists */
   uint32_t index;     /* exists: position in present[] */
-  size_t bulk_len;    /* get: length of the bulk string the reader saw */
 } rm_op;
+
+/* One parsed reply: '+' status, '-' error (line holds it), ':' integer,
+ * '$' bulk string (bulk_len; a GET's is in its record), '_' nil. */
+typedef struct rm_reply {
+  char type;
+  long long integer;
+  size_t bulk_len;
+  char line[RM_LINE_MAX];
+} rm_reply;
 
 typedef struct rm_node rm_node;
 
@@ -54,11 +68,9 @@ typedef struct rm_conn {
   pthread_t thread;
   int started;         /* the thread runs */
   int connected_once;  /* later connects count as reconnects */
-  redisContext *ctx;  /* NULL: not connected */
-  rm_op *cur_get;     /* the GET whose reply the reader is parsing */
-  redisReplyObjectFunctions fns; /* hiredis's, with the bulk string hook */
-  const redisReplyObjectFunctions *dflt;
-  char *rbuf;         /* RM_READ_CHUNK */
+  redisContext *ctx;  /* NULL: not connected; hiredis's reader is not used */
+  char *in;           /* RM_IN_BYTES of replies read, [in_head, in_tail) unparsed */
+  size_t in_head, in_tail;
   char *hdrs;         /* max_batch command headers */
   struct iovec *iov;  /* 4 per op */
 } rm_conn;
@@ -127,6 +139,14 @@ struct kvt__remote {
 };
 
 #define RM_ADD(r, f, v) atomic_fetch_add_explicit(&(r)->st.f, (v), memory_order_relaxed)
+
+/* node.c: SIGPIPE blocked in this thread until _on (see node.c). */
+typedef struct kvt__rm_sigpipe {
+  sigset_t old;
+  int was_pending;
+} kvt__rm_sigpipe;
+void kvt__rm_sigpipe_off(kvt__rm_sigpipe *s);
+void kvt__rm_sigpipe_on(const kvt__rm_sigpipe *s);
 
 /* slots.c */
 uint16_t kvt__rm_slot(const char *key, size_t len);

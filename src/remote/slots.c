@@ -123,6 +123,8 @@ static int refresh_once(kvt__remote *r) {
 void *kvt__rm_refresh_main(void *arg) {
   kvt__remote *r = arg;
   int64_t last = 0;
+  kvt__rm_sigpipe sp;
+  kvt__rm_sigpipe_off(&sp); /* for the thread's life */
   pthread_mutex_lock(&r->refresh_mu);
   while (!atomic_load(&r->stopping)) {
     if (!r->refresh_wanted) {
