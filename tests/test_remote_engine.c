@@ -509,6 +509,64 @@ static void storage_mode_puts_and_gets_through_the_server(void **state) {
   kvt_close(a);
 }
 
+/* A prefix longer than one probe's batch is found whole; kvt_remove takes
+ * the server's copies too. */
+static void long_prefixes_and_removal(void **state) {
+  (void)state;
+  flush_server();
+  enum { N = 600 };
+  kvt_cache *a = open_storage(srv.url, 2), *b = open_storage(srv.url, 2);
+  static char mem[64 * SBLOCK];
+  static uint32_t tok[N * 16];
+  static kvt_key keys[N];
+  for (size_t i = 0; i < sizeof mem; i++) mem[i] = (char)(i * 29 + 1);
+  for (uint32_t i = 0; i < N * 16; i++) tok[i] = 7000 + i;
+  size_t nk;
+  assert_int_equal(kvt_hash_tokens(a, NULL, tok, N * 16, keys, N, &nk), 0);
+  int32_t res[SNB];
+  uint32_t ok;
+  for (uint32_t i = 0; i < N; i += SNB) {
+    /* Chained batches: each continues after the last key of the one before. */
+    kvt_piece pc[SNB];
+    for (uint32_t k = 0; k < SNB; k++) pc[k] = (kvt_piece){.ptr = mem + (size_t)((i + k) % 64) * SBLOCK, .len = SBLOCK};
+    kvt_batch bt;
+    kvt_batch_init(&bt);
+    bt.n_blocks = SNB;
+    bt.keys = keys + i;
+    bt.parent = i ? &keys[i - 1] : NULL;
+    bt.tokens = tok + (size_t)i * 16;
+    bt.pieces = pc;
+    kvt_job j;
+    assert_int_equal(kvt_put_from(a, &bt, &j), 1);
+    assert_int_equal(kvt_storage_wait(a, j, -1), 0);
+    assert_int_equal(kvt_storage_results(a, j, res, SNB, &ok), 0);
+    assert_int_equal(ok, SNB);
+    assert_int_equal(kvt_storage_release(a, j), 0);
+  }
+  assert_int_equal(kvt_drain(a), 0);
+  kvt_stats sa = {.size = sizeof sa};
+  assert_int_equal(kvt_get_stats(a, &sa), 0);
+  assert_int_equal(sa.remote_puts_skipped, 0);
+  kvt_lookup_result lr = {.size = sizeof lr};
+  assert_int_equal(kvt_exists(b, NULL, keys, N, 0, &lr, NULL), 0);
+  assert_int_equal(lr.n_remote, N - 2); /* a's host keeps the last two */
+  kvt_stats sb = {.size = sizeof sb};
+  assert_int_equal(kvt_get_stats(b, &sb), 0);
+  assert_int_equal(sb.remote_probes, (N - 2 + KVT__RPROBE_MAX - 1) / KVT__RPROBE_MAX);
+  size_t removed = 0;
+  assert_int_equal(kvt_remove(a, keys, N, &removed), 0);
+  assert_int_equal(removed, 2);
+  int gone = 0;
+  for (int i = 0; i < 400 && !gone; i++) {
+    assert_int_equal(kvt_exists(b, NULL, keys, N, 0, &lr, NULL), 0);
+    gone = lr.n_prefix == 0;
+    if (!gone) usleep(10000);
+  }
+  assert_true(gone);
+  kvt_close(b);
+  kvt_close(a);
+}
+
 /* ---- a cluster ---- */
 
 static void cluster_shares_blocks(void **state) {
@@ -600,6 +658,7 @@ int main(void) {
       cmocka_unit_test(unreachable_at_open_is_degraded_then_back),
       cmocka_unit_test(refused_credentials_fail_registration),
       cmocka_unit_test(storage_mode_puts_and_gets_through_the_server),
+      cmocka_unit_test(long_prefixes_and_removal),
       cmocka_unit_test(cluster_shares_blocks),
       cmocka_unit_test(cluster_master_killed_then_failover),
   };

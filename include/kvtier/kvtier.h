@@ -811,9 +811,11 @@ KVT_API int kvt_put_from(kvt_cache *c, const kvt_batch *b, kvt_job *job);
 KVT_API int kvt_get_into(kvt_cache *c, const kvt_batch *b, kvt_job *job);
 
 /* Removes keys[0..n) from every tier (a disk record is tombstoned so a
- * restart does not bring it back). Blocks in use by a job in flight are
- * kept. *n_removed (may be NULL) receives how many were removed. May block
- * (the tombstone writes). */
+ * restart does not bring it back; a remote tier is asked to delete them,
+ * best effort and in the background: a node that is down keeps its copy,
+ * which the store's own eviction takes in time). Blocks in use by a job in
+ * flight are kept. *n_removed (may be NULL) receives how many were removed
+ * locally. May block (the tombstone writes). */
 KVT_API int kvt_remove(kvt_cache *c, const kvt_key *keys, size_t n, size_t *n_removed);
 
 /* A storage job: 1 while in flight, else 0 (every block landed or was

@@ -316,11 +316,11 @@ void kvt__rtier_close(kvt_cache *c); /* kvt_close, after the drain */
 static inline struct kvt__remote *kvt__rtier(kvt_cache *c) {
   return atomic_load_explicit(&c->remote, memory_order_acquire);
 }
-/* Leading keys of keys[0..n) the remote holds (c->lock NOT held): one
- * round trip, none when keys[0] was found absent lately. At most
- * KVT__RPROBE_MAX keys are asked. */
+/* Leading keys of keys[0..n) the remote holds (c->lock NOT held): a round
+ * trip per KVT__RPROBE_MAX keys while all are there, none when keys[0]
+ * was found absent lately. */
 #define KVT__RPROBE_MAX 256u
-uint32_t kvt__rtier_probe(kvt_cache *c, const kvt_key *keys, uint32_t n);
+uint32_t kvt__rtier_probe(kvt_cache *c, const kvt_key *keys, size_t n);
 void kvt__rtier_absent(kvt_cache *c, const kvt_key *key); /* a fetch found it absent (any lock) */
 void kvt__rtier_stats(kvt_cache *c, kvt_stats *st);       /* c->lock NOT held */
 /* Puts of host copies, gathered in one RPUT job per progress step (lock

@@ -52,8 +52,7 @@ static uint32_t lookup_locked(kvt_cache *c, const kvt_key *keys, size_t n, kvt_l
  * keys[p..n) the remote holds, leading. */
 static uint32_t remote_after(kvt_cache *c, const kvt_key *keys, size_t n, uint32_t p) {
   if (!c->remote_on || p >= n) return 0;
-  size_t left = n - p;
-  return kvt__rtier_probe(c, keys + p, left > KVT__RPROBE_MAX ? KVT__RPROBE_MAX : (uint32_t)left);
+  return kvt__rtier_probe(c, keys + p, n - p);
 }
 
 static uint32_t lookup_local(kvt_cache *c, const kvt_key *keys, size_t n, kvt_lookup_result *res,

@@ -165,10 +165,24 @@ void kvt__rtier_absent(kvt_cache *c, const kvt_key *key) {
   pthread_mutex_unlock(&c->rlock);
 }
 
-uint32_t kvt__rtier_probe(kvt_cache *c, const kvt_key *keys, uint32_t n) {
+static uint32_t probe_chunk(kvt_cache *c, kvt__remote *r, const kvt_key *keys, uint32_t n);
+
+uint32_t kvt__rtier_probe(kvt_cache *c, const kvt_key *keys, size_t n) {
   kvt__remote *r = kvt__rtier(c);
-  if (!r || n == 0) return 0;
-  if (n > KVT__RPROBE_MAX) n = KVT__RPROBE_MAX;
+  uint32_t found = 0;
+  /* Chunk after chunk while every key of one is there: a long prefix
+   * costs a round trip per KVT__RPROBE_MAX blocks. */
+  while (r && n > found) {
+    size_t left = n - found;
+    uint32_t k = left > KVT__RPROBE_MAX ? KVT__RPROBE_MAX : (uint32_t)left;
+    uint32_t got = probe_chunk(c, r, keys + found, k);
+    found += got;
+    if (got < k || found == UINT32_MAX - KVT__RPROBE_MAX) break;
+  }
+  return found;
+}
+
+static uint32_t probe_chunk(kvt_cache *c, kvt__remote *r, const kvt_key *keys, uint32_t n) {
   int64_t now = kvt__now_ns();
   pthread_mutex_lock(&c->rlock);
   const kvt__rneg *s = neg_slot(c, &keys[0]);

@@ -8,6 +8,7 @@
 
 #include "core/hash.h"
 #include "engine/storage.h"
+#include "remote/remote.h"
 #include "store/record.h"
 #include "util/abi.h"
 
@@ -205,8 +206,7 @@ static uint32_t prefix_locked(kvt_cache *c, const kvt_key *parent, const kvt_key
 /* Remote blocks after a local prefix of p (lock NOT held). */
 static uint32_t remote_after(kvt_cache *c, const kvt_key *keys, size_t n, uint32_t p) {
   if (!c->remote_on || p >= n) return 0;
-  size_t left = n - p;
-  return kvt__rtier_probe(c, keys + p, left > KVT__RPROBE_MAX ? KVT__RPROBE_MAX : (uint32_t)left);
+  return kvt__rtier_probe(c, keys + p, n - p);
 }
 
 int kvt_exists(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, size_t n, uint32_t flags,
@@ -552,6 +552,10 @@ int kvt_remove(kvt_cache *c, const kvt_key *keys, size_t n, size_t *n_removed) {
     }
     removed += gone;
   }
+  /* The remote's copies go too (best effort: a degraded node keeps its own). */
+  kvt__remote *r = kvt__rtier(c);
+  for (size_t i = 0; r && i < n; i += KVT__RPROBE_MAX)
+    kvt__remote_remove(r, keys + i, (uint32_t)(n - i < KVT__RPROBE_MAX ? n - i : KVT__RPROBE_MAX));
   if (n_removed) *n_removed = removed;
   return rc;
 }

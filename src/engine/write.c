@@ -56,8 +56,7 @@ int kvt_store(kvt_cache *c, const kvt_key *keys, size_t n, uint32_t flags, kvt_j
  * *j (made if NONE). Returns 0 or KVT_EAGAIN. */
 static int prefetch_remote(kvt_cache *c, const kvt_key *keys, size_t n, size_t i, uint32_t *j) {
   pthread_mutex_unlock(&c->lock);
-  size_t left = n - i;
-  uint32_t r = kvt__rtier_probe(c, keys + i, left > KVT__RPROBE_MAX ? KVT__RPROBE_MAX : (uint32_t)left);
+  uint32_t r = kvt__rtier_probe(c, keys + i, n - i);
   pthread_mutex_lock(&c->lock);
   int rc = 0;
   for (uint32_t k = 0; k < r; k++) {
