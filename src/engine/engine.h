@@ -321,6 +321,9 @@ static inline struct kvt__remote *kvt__rtier(kvt_cache *c) {
  * was found absent lately. */
 #define KVT__RPROBE_MAX 256u
 uint32_t kvt__rtier_probe(kvt_cache *c, const kvt_key *keys, size_t n);
+/* Remote blocks after a local prefix of p: how many of keys[p..n) the
+ * remote holds, leading (0 without a remote tier; lock NOT held). */
+uint32_t kvt__rtier_after(kvt_cache *c, const kvt_key *keys, size_t n, uint32_t p);
 void kvt__rtier_absent(kvt_cache *c, const kvt_key *key); /* a fetch found it absent (any lock) */
 void kvt__rtier_stats(kvt_cache *c, kvt_stats *st);       /* c->lock NOT held */
 /* Puts of host copies, gathered in one RPUT job per progress step (lock
@@ -328,6 +331,12 @@ void kvt__rtier_stats(kvt_cache *c, kvt_stats *st);       /* c->lock NOT held */
  * freeing until the put is over), 0 no remote or no job free. */
 int kvt__rput_add(kvt_cache *c, uint32_t e, int evict);
 void kvt__rput_flush(kvt_cache *c); /* submits the gathered job (lock held) */
+/* Completions, applied by a progress step (lock held): a put is over; a
+ * fetched record's parent against the entry's (0 or KVT_EMISMATCH); a
+ * fetch that failed, counted by its reason (an absent key is remembered). */
+void kvt__rput_done(kvt_cache *c, kvt__op *op);
+int kvt__rfetch_verify(kvt_cache *c, const kvt__op *op);
+void kvt__rtier_fetch_failed(kvt_cache *c, const kvt_key *key, int status);
 
 /* check.c: 0 if the tier map's invariants hold, else -1 with a reason. */
 int kvt__check_invariants(kvt_cache *c, char *msg, size_t len);

@@ -12,7 +12,6 @@
 #include <xxhash.h>
 
 #include "engine/engine.h"
-#include "remote/remote.h"
 #include "store/record.h"
 #include "util/clock.h"
 
@@ -133,57 +132,6 @@ static void spill_done(kvt_cache *c, kvt__job *jb, kvt__op *op) {
   }
 }
 
-/* A put to the remote is over: the host copy is unpinned and, for an
- * eviction, leaves (whether or not the server took it: the remote is a
- * cache, and a failing one must not stall the host's eviction). */
-static void rput_done(kvt_cache *c, kvt__op *op) {
-  uint32_t e = op->entry;
-  kvt__index_unpin(&c->map, e, KVT__T_HOST);
-  if (op->status == 0) {
-    c->st.blocks_h2remote++;
-    c->st.bytes_h2remote += c->block_bytes;
-  } else if (op->status == KVT_ENOSPACE) {
-    c->st.remote_put_refused++;
-  } else if (op->status == KVT_ETIMEDOUT) {
-    c->st.remote_timeouts++;
-  } else if (op->status != KVT_ECANCELED) {
-    c->st.remote_errors++;
-    kvt__event_note(c, KVT__EV_REMOTE, op->status, UINT64_MAX);
-  }
-  if (op->evict) {
-    kvt__entry *en = kvt__E(c, e);
-    c->freeing[KVT__T_HOST]--;
-    if (en->pins[KVT__T_HOST] == 0 && en->state[KVT__T_HOST] == KVT__VALID) {
-      kvt__drop_tier(c, e, KVT__T_HOST);
-      c->st.evictions_host++;
-      kvt__maybe_remove(c, e);
-    }
-  }
-}
-
-/* A remote value is trusted only once it is the block the chain asks for:
- * the client checked namespace, key and checksums; the parent is the
- * engine's to check (a record stored under another chain's parent). */
-static int remote_verify(kvt_cache *c, const kvt__op *op) {
-  const kvt__record_hdr *h = kvt__host_slot(&c->host, op->slot[KVT__T_HOST]);
-  return kvt__key_eq(&h->parent, &kvt__E(c, op->entry)->parent) ? 0 : KVT_EMISMATCH;
-}
-
-static void remote_fetch_failed(kvt_cache *c, uint32_t e, int status) {
-  if (status == KVT_ECANCELED) return;
-  if (status == KVT_EMISS) {
-    c->st.remote_misses++;
-    kvt__rtier_absent(c, &kvt__E(c, e)->key);
-  } else if (status == KVT_ECORRUPT || status == KVT_EMISMATCH) {
-    c->st.remote_corrupt++;
-  } else if (status == KVT_ETIMEDOUT) {
-    c->st.remote_timeouts++;
-  } else {
-    c->st.remote_errors++;
-    kvt__event_note(c, KVT__EV_REMOTE, status, UINT64_MAX);
-  }
-}
-
 /* Verifies a fetched record against the request's tokens (exactness). */
 static int fetch_verify(kvt_cache *c, const kvt__op *op) {
   if (!op->tok_sum || c->metadata_only) return 0;
@@ -211,7 +159,7 @@ static void fetch_failed(kvt_cache *c, uint32_t e, int status) {
 
 static void fetch_done(kvt_cache *c, kvt__job *jb, kvt__op *op) {
   uint32_t e = op->entry;
-  if (op->status == 0 && op->remote) op->status = remote_verify(c, op);
+  if (op->status == 0 && op->remote) op->status = kvt__rfetch_verify(c, op);
   if (op->status == 0) op->status = fetch_verify(c, op);
   if (!op->remote) kvt__index_unpin(&c->map, e, KVT__T_DISK);
   if (op->status == 0) {
@@ -228,7 +176,7 @@ static void fetch_done(kvt_cache *c, kvt__job *jb, kvt__op *op) {
   kvt__index_set_state(&c->map, e, KVT__T_HOST, KVT__ABSENT, 0);
   kvt__slots_put(&c->slots[KVT__T_HOST], op->slot[KVT__T_HOST]);
   if (jb->flags & KVT__JF_LOAD_AFTER) kvt__index_unpin(&c->map, e, KVT__T_HOST);
-  if (op->remote) remote_fetch_failed(c, e, op->status);
+  if (op->remote) kvt__rtier_fetch_failed(c, &kvt__E(c, e)->key, op->status);
   else fetch_failed(c, e, op->status);
   if (!(jb->flags & KVT__JF_LOAD_AFTER)) kvt__maybe_remove(c, e);
 }
@@ -397,7 +345,7 @@ static void apply_disk_op(kvt_cache *c, kvt__op *op) {
   kvt__job *jb = op->jb;
   if (op->status == 0 && (jb->flags & KVT__JF_CANCEL)) op->status = KVT_ECANCELED;
   if (jb->kind == KVT__JOB_SPILL) spill_done(c, jb, op);
-  else if (jb->kind == KVT__JOB_RPUT) rput_done(c, op);
+  else if (jb->kind == KVT__JOB_RPUT) kvt__rput_done(c, op);
   else fetch_done(c, jb, op);
   op->landed = 1;
   if (op->status && !jb->status && jb->kind != KVT__JOB_LOAD) jb->status = op->status;

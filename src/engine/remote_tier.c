@@ -11,6 +11,7 @@
 
 #include "engine/engine.h"
 #include "remote/remote.h"
+#include "store/record.h"
 #include "util/clock.h"
 
 #define KVT__RNEG_SLOTS 4096u /* negative cache entries (direct mapped) */
@@ -209,6 +210,11 @@ static uint32_t probe_chunk(kvt_cache *c, kvt__remote *r, const kvt_key *keys, u
   return i;
 }
 
+uint32_t kvt__rtier_after(kvt_cache *c, const kvt_key *keys, size_t n, uint32_t p) {
+  if (!c->remote_on || p >= n) return 0;
+  return kvt__rtier_probe(c, keys + p, n - p);
+}
+
 int kvt__rput_add(kvt_cache *c, uint32_t e, int evict) {
   if (!kvt__rtier(c)) return 0;
   uint32_t j = c->rput_building;
@@ -250,6 +256,59 @@ void kvt__rput_flush(kvt_cache *c) {
   c->inflight++;
   c->st.jobs_started++;
   kvt__queue_submit(c, j);
+}
+
+/* ---- completions (c->lock held; a progress step) ---- */
+
+/* A put to the remote is over: the host copy is unpinned and, for an
+ * eviction, leaves (whether or not the server took it: the remote is a
+ * cache, and a failing one must not stall the host's eviction). */
+void kvt__rput_done(kvt_cache *c, kvt__op *op) {
+  uint32_t e = op->entry;
+  kvt__index_unpin(&c->map, e, KVT__T_HOST);
+  if (op->status == 0) {
+    c->st.blocks_h2remote++;
+    c->st.bytes_h2remote += c->block_bytes;
+  } else if (op->status == KVT_ENOSPACE) {
+    c->st.remote_put_refused++;
+  } else if (op->status == KVT_ETIMEDOUT) {
+    c->st.remote_timeouts++;
+  } else if (op->status != KVT_ECANCELED) {
+    c->st.remote_errors++;
+    kvt__event_note(c, KVT__EV_REMOTE, op->status, UINT64_MAX);
+  }
+  if (op->evict) {
+    kvt__entry *en = kvt__E(c, e);
+    c->freeing[KVT__T_HOST]--;
+    if (en->pins[KVT__T_HOST] == 0 && en->state[KVT__T_HOST] == KVT__VALID) {
+      kvt__drop_tier(c, e, KVT__T_HOST);
+      c->st.evictions_host++;
+      kvt__maybe_remove(c, e);
+    }
+  }
+}
+
+/* A remote value is trusted only once it is the block the chain asks for:
+ * the client checked namespace, key and checksums; the parent is the
+ * engine's to check (a record stored under another chain's parent). */
+int kvt__rfetch_verify(kvt_cache *c, const kvt__op *op) {
+  const kvt__record_hdr *h = kvt__host_slot(&c->host, op->slot[KVT__T_HOST]);
+  return kvt__key_eq(&h->parent, &kvt__E(c, op->entry)->parent) ? 0 : KVT_EMISMATCH;
+}
+
+void kvt__rtier_fetch_failed(kvt_cache *c, const kvt_key *key, int status) {
+  if (status == KVT_ECANCELED) return;
+  if (status == KVT_EMISS) {
+    c->st.remote_misses++;
+    kvt__rtier_absent(c, key);
+  } else if (status == KVT_ECORRUPT || status == KVT_EMISMATCH) {
+    c->st.remote_corrupt++;
+  } else if (status == KVT_ETIMEDOUT) {
+    c->st.remote_timeouts++;
+  } else {
+    c->st.remote_errors++;
+    kvt__event_note(c, KVT__EV_REMOTE, status, UINT64_MAX);
+  }
 }
 
 void kvt__rtier_stats(kvt_cache *c, kvt_stats *st) {

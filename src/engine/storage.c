@@ -203,12 +203,6 @@ static uint32_t prefix_locked(kvt_cache *c, const kvt_key *parent, const kvt_key
   return i;
 }
 
-/* Remote blocks after a local prefix of p (lock NOT held). */
-static uint32_t remote_after(kvt_cache *c, const kvt_key *keys, size_t n, uint32_t p) {
-  if (!c->remote_on || p >= n) return 0;
-  return kvt__rtier_probe(c, keys + p, n - p);
-}
-
 int kvt_exists(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, size_t n, uint32_t flags,
                kvt_lookup_result *res, uint8_t *tier_of_block) {
   if (!c) return -EINVAL;
@@ -220,7 +214,7 @@ int kvt_exists(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, size_t 
   pthread_mutex_lock(&c->lock);
   uint32_t prefix = prefix_locked(c, parent, keys, n, flags, cnt, tier_of_block);
   pthread_mutex_unlock(&c->lock);
-  uint32_t r = remote_after(c, keys, n, prefix);
+  uint32_t r = kvt__rtier_after(c, keys, n, prefix);
   for (uint32_t i = prefix; tier_of_block && i < prefix + r; i++) tier_of_block[i] = KVT_TIER_REMOTE;
   kvt_lookup_result full = {.size = sizeof full, .n_blocks = (uint32_t)n, .n_prefix = prefix + r,
                             .n_device = cnt[0], .n_host = cnt[1], .n_disk = cnt[2], .n_remote = r};
@@ -373,7 +367,7 @@ static int submit(kvt_cache *c, const kvt_batch *user, kvt_job *job, int kind) {
     pthread_mutex_lock(&c->lock);
     rr_from = prefix_locked(c, b.parent, b.keys, b.n_blocks, b.flags, NULL, NULL);
     pthread_mutex_unlock(&c->lock);
-    rr_n = remote_after(c, b.keys, b.n_blocks, rr_from);
+    rr_n = kvt__rtier_after(c, b.keys, b.n_blocks, rr_from);
   }
   pthread_mutex_lock(&c->lock);
   uint32_t j = s->n_free ? s->free_jobs[--s->n_free] : KVT__NONE;

@@ -86,15 +86,8 @@ static void remote_get_commit(kvt_cache *c, kvt__sjob *jb, uint32_t i, int statu
   if (status == 0) {
     c->st.blocks_remote2h++;
     c->st.bytes_remote2h += c->block_bytes;
-  } else if (status == KVT_EMISS) {
-    c->st.remote_misses++;
-    kvt__rtier_absent(c, &jb->keys[i]);
-  } else if (status == KVT_ECORRUPT || status == KVT_EMISMATCH) {
-    c->st.remote_corrupt++;
-  } else if (status == KVT_ETIMEDOUT) {
-    c->st.remote_timeouts++;
   } else {
-    c->st.remote_errors++;
+    kvt__rtier_fetch_failed(c, &jb->keys[i], status);
   }
   jb->blocks[i].result = status;
 }
