@@ -150,7 +150,7 @@ typedef struct raw {
 static int raw_open(raw *w, kvt__remote *r, const kvt_key *keys, uint32_t n) {
   for (uint32_t i = 0; i < n; i++) {
     w->klen[i] = kvt__rm_key(r, &keys[i], w->keys[i]);
-    uint16_t idx = atomic_load(&r->slots[kvt__rm_slot(w->keys[i], w->klen[i])]);
+    uint16_t idx = atomic_load(&r->slots[kvt__remote_hash_slot(w->keys[i], w->klen[i])]);
     if (!idx) return -1;
     w->node_of[i] = idx - 1;
     if (w->ctx[idx - 1]) continue;

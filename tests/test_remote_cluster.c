@@ -10,8 +10,6 @@
 
 #include "remote_fixture.h"
 
-uint16_t kvt__rm_slot(const char *key, size_t len); /* src/remote/slots.c */
-
 #define PASS "cluster-pw"
 static kvt_redis cl;
 static char url[1200];
@@ -50,7 +48,7 @@ static void slots_agree(void **state) {
   for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
     char out[64];
     assert_int_equal(kvt_redis_cmd(&cl, 0, out, sizeof out, "CLUSTER KEYSLOT %s", keys[i]), 0);
-    assert_int_equal(kvt__rm_slot(keys[i], strlen(keys[i])), atoi(out));
+    assert_int_equal(kvt__remote_hash_slot(keys[i], strlen(keys[i])), atoi(out));
   }
 }
 
@@ -114,7 +112,7 @@ static void migration_moved_ask(void **state) {
   for (uint64_t i = 0; i < 4096 && !found; i++) {
     kvt_key key = rf_key(20000 + i);
     kvt__remote_key_string(r, &key, ks[0], sizeof ks[0]);
-    first_slot[i] = kvt__rm_slot(ks[0], strlen(ks[0]));
+    first_slot[i] = kvt__remote_hash_slot(ks[0], strlen(ks[0]));
     for (uint64_t j = 0; j < i && !found; j++)
       if (first_slot[j] == first_slot[i]) {
         k[0] = rf_key(20000 + j);
@@ -124,7 +122,7 @@ static void migration_moved_ask(void **state) {
   }
   assert_true(found);
   for (int i = 0; i < 2; i++) kvt__remote_key_string(r, &k[i], ks[i], sizeof ks[i]);
-  int slot = kvt__rm_slot(ks[0], strlen(ks[0]));
+  int slot = kvt__remote_hash_slot(ks[0], strlen(ks[0]));
   void *recs[2] = {rf_alloc(g.rec), rf_alloc(g.rec)};
   for (int i = 0; i < 2; i++) rf_record(recs[i], &g, k[i], 50 + (uint64_t)i);
   rf_put(r, recs, k, 2);
@@ -291,7 +289,7 @@ static void master_killed(void **state) {
   char key[128];
   kvt_key k0 = rf_key(30000);
   kvt__remote_key_string(u.r, &k0, key, sizeof key);
-  int slot = kvt__rm_slot(key, strlen(key));
+  int slot = kvt__remote_hash_slot(key, strlen(key));
   int victim = kvt_redis_slot_master(&cl, 0, slot);
   assert_true(victim >= 0);
   kvt_redis_signal(&cl, victim, SIGKILL);

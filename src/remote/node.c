@@ -451,7 +451,7 @@ static void handle_reply(rm_conn *cn, rm_op *op, rm_reply *rep, int asking_ok) {
  * failed connection with *answered the ops completed before it failed. */
 static int round_trip(rm_conn *cn, rm_op **ops, uint32_t n, uint32_t *answered) {
   kvt__remote *r = cn->node->r;
-  int64_t deadline = kvt__now_ns() + (int64_t)r->timeout_ms * 1000000;
+  int64_t start = kvt__now_ns(), deadline = start + (int64_t)r->timeout_ms * 1000000;
   for (uint32_t i = 0; i < n; i++)
     if (ops[i]->kind == RM_PUT)
       kvt__record_seal(ops[i]->rec, &r->ns, r->block_tokens, r->payload_bytes,
@@ -473,6 +473,10 @@ static int round_trip(rm_conn *cn, rm_op **ops, uint32_t n, uint32_t *answered) 
     handle_reply(cn, op, &rep, asking_ok);
   }
   *answered = i;
+  if (rc == 0) {
+    RM_ADD(r, round_trips, 1);
+    RM_ADD(r, round_trip_ns, (uint64_t)(kvt__now_ns() - start));
+  }
   return rc;
 }
 
@@ -512,20 +516,19 @@ static void *conn_main(void *arg) {
   kvt__remote *r = n->r;
   kvt__rm_sigpipe sp;
   kvt__rm_sigpipe_off(&sp); /* for the thread's life */
-  rm_op **batch = malloc(sizeof *batch * r->max_batch);
+  rm_op **batch = cn->batch;
   for (;;) {
     pthread_mutex_lock(&n->mu);
     while (!n->head && !atomic_load(&r->stopping)) pthread_cond_wait(&n->cv, &n->mu);
-    if (atomic_load(&r->stopping) || !batch) {
+    if (atomic_load(&r->stopping)) {
       pthread_mutex_unlock(&n->mu);
       break;
     }
     uint32_t k = 0;
     size_t bytes = 0;
     while (n->head && k < r->max_batch) {
-      size_t b = n->head->kind == RM_GET || n->head->kind == RM_PUT ? r->rec_bytes : 0;
-      if (k && bytes + b > RM_BATCH_BYTES) break;
-      bytes += b;
+      if (bytes >= RM_BATCH_BYTES) break;
+      bytes += n->head->kind == RM_GET || n->head->kind == RM_PUT ? r->rec_bytes : 0;
       batch[k++] = n->head;
       n->head = n->head->next;
     }
@@ -535,7 +538,6 @@ static void *conn_main(void *arg) {
     run_batch(cn, batch, k);
   }
   conn_drop(cn);
-  free(batch);
   return NULL;
 }
 
@@ -578,7 +580,9 @@ static rm_node *node_new(kvt__remote *r, uint32_t index, const char *host, int p
     cn->in = malloc(RM_IN_BYTES);
     cn->hdrs = malloc((size_t)r->max_batch * RM_HDR_BYTES);
     cn->iov = malloc(sizeof *cn->iov * 4 * r->max_batch);
-    if (!cn->in || !cn->hdrs || !cn->iov || pthread_create(&cn->thread, NULL, conn_main, cn) != 0) break;
+    cn->batch = malloc(sizeof *cn->batch * r->max_batch);
+    if (!cn->in || !cn->hdrs || !cn->iov || !cn->batch) break;
+    if (pthread_create(&cn->thread, NULL, conn_main, cn) != 0) break;
     cn->started = 1;
     n->nconns++;
   }
@@ -631,6 +635,7 @@ void kvt__rm_node_free(rm_node *n) {
       free(n->conns[i].in);
       free(n->conns[i].hdrs);
       free(n->conns[i].iov);
+      free(n->conns[i].batch);
     }
   free(n->conns);
   pthread_mutex_destroy(&n->mu);

@@ -34,7 +34,10 @@ static void set_detail(const kvt__remote_cfg *cfg, const char *fmt, ...) {
 /* ---- URL: "redis://[user[:password]@]host:port[,host:port...]" ---- */
 
 static int hexval(int c) {
-  return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
 }
 
 /* A percent-decoded copy of s[0..len), or NULL (bad escape, NUL, no memory). */
@@ -254,7 +257,7 @@ void kvt__rm_complete(kvt__remote *r, rm_op *op, int status) {
 static rm_node *route(kvt__remote *r, const kvt_key *key, uint16_t *slot, int8_t *usable, int64_t now) {
   char buf[RM_KEY_MAX];
   size_t len = kvt__rm_key(r, key, buf);
-  *slot = kvt__rm_slot(buf, len);
+  *slot = kvt__remote_hash_slot(buf, len);
   uint16_t idx = atomic_load_explicit(&r->slots[*slot], memory_order_relaxed);
   if (!idx || atomic_load(&r->stopping)) {
     kvt__rm_want_refresh(r);
@@ -418,6 +421,8 @@ void kvt__remote_get_stats(kvt__remote *r, kvt__remote_stats *st) {
   st->reconnects = RM_LOAD(reconnects);
   st->bytes_read = RM_LOAD(bytes_read);
   st->bytes_written = RM_LOAD(bytes_written);
+  st->round_trips = RM_LOAD(round_trips);
+  st->round_trip_ns = RM_LOAD(round_trip_ns);
   st->cluster = r->cluster;
   uint32_t nn = atomic_load_explicit(&r->nnodes, memory_order_acquire);
   for (uint32_t i = 0; i < nn; i++) {

@@ -13,8 +13,8 @@
  * Threads: the client owns its I/O threads (a bounded number of connections
  * per node, each with its own thread). A batch is split per node and
  * pipelined: one round trip per batch per node, a batch being at most
- * max_batch ops and 8 MiB of records (deeper pipelines of large records only
- * make the server buffer more). done() runs on a client thread and must not
+ * max_batch ops, closed once it holds 8 MiB of records (deeper pipelines of
+ * large records only make the server buffer more). done() runs on a client thread and must not
  * block (the engine posts a completion record); it may run before the
  * submitting call returns.
  *
@@ -110,8 +110,16 @@ typedef struct kvt__remote_stats {
   uint64_t bytes_read, bytes_written;
   uint32_t nodes, nodes_degraded;
   int cluster;                 /* 1: Redis Cluster, 0: one server */
+  /* Round trips that got every reply, and their total wall time from the
+   * first byte sent to the last reply read: with bytes_read/written, what
+   * the link delivers (for the cost model's calibration). */
+  uint64_t round_trips, round_trip_ns;
 } kvt__remote_stats;
 void kvt__remote_get_stats(kvt__remote *r, kvt__remote_stats *st);
+
+/* Redis Cluster's hash slot of a key string (CRC16 mod 16384, {hash tag}
+ * rule), as the server computes it. Pure; in every build. */
+uint16_t kvt__remote_hash_slot(const char *key, size_t len);
 
 /* For tests and the bench: key string of a block ("<prefix><ns>:<key>"),
  * returns its length (buf of at least 128 bytes). */

@@ -27,9 +27,9 @@
 #define RM_HOST_MAX 64u
 #define RM_PREFIX_MAX 60u  /* keeps a key string under 128 bytes */
 #define RM_KEY_MAX 128u
-/* Records in flight per round trip: deeper pipelines of large records only
- * make the server buffer more (2 MiB records: 4 per round trip measured
- * best, kvtier-bench micro --only remote). */
+/* A round trip takes no more records once it holds this many bytes of them:
+ * deeper pipelines of large records only make the server buffer more (2 MiB
+ * records: 4 per round trip measured best, kvtier-bench micro --only remote). */
 #define RM_BATCH_BYTES (8u << 20)
 #define RM_IN_BYTES (64u * 1024u) /* a connection's input buffer */
 #define RM_LINE_MAX 512u          /* reply lines kept (error messages are cut) */
@@ -73,6 +73,7 @@ typedef struct rm_conn {
   size_t in_head, in_tail;
   char *hdrs;         /* max_batch command headers */
   struct iovec *iov;  /* 4 per op */
+  rm_op **batch;      /* max_batch: the round trip's ops */
 } rm_conn;
 
 struct rm_node {
@@ -135,6 +136,7 @@ struct kvt__remote {
     atomic_uint_fast64_t exists_calls, exists_keys;
     atomic_uint_fast64_t errors, timeouts, moved, ask, refreshes, reconnects;
     atomic_uint_fast64_t bytes_read, bytes_written;
+    atomic_uint_fast64_t round_trips, round_trip_ns;
   } st;
 };
 
@@ -149,7 +151,6 @@ void kvt__rm_sigpipe_off(kvt__rm_sigpipe *s);
 void kvt__rm_sigpipe_on(const kvt__rm_sigpipe *s);
 
 /* slots.c */
-uint16_t kvt__rm_slot(const char *key, size_t len);
 /* Asks the refresh thread for a new slot map (cluster; no-op otherwise). */
 void kvt__rm_want_refresh(kvt__remote *r);
 /* Loads CLUSTER SLOTS' reply into the map: 0, or -EPROTO if it is not one. */

@@ -1,7 +1,6 @@
-/* Redis Cluster's key space: hash slots (CRC16/XMODEM mod 16384, with the
- * {hash tag} rule, as the server computes them) and the slot map learnt from
- * CLUSTER SLOTS, reloaded by the refresh thread when a redirect or a failure
- * says it is stale. */
+/* Redis Cluster's slot map, learnt from CLUSTER SLOTS and reloaded by the
+ * refresh thread when a redirect or a failure says it is stale (the hash
+ * slot of a key: hash_slot.c). */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,25 +12,6 @@
 /* The least time between two reloads: a burst of MOVED replies or of failed
  * nodes asks many times, one CLUSTER SLOTS answers them all. */
 #define RM_REFRESH_GAP_NS (50 * 1000000LL)
-
-static uint16_t crc16(const char *buf, size_t len) {
-  uint16_t crc = 0;
-  for (size_t i = 0; i < len; i++) {
-    crc ^= (uint16_t)((unsigned char)buf[i] << 8);
-    for (int b = 0; b < 8; b++) crc = (crc & 0x8000) ? (uint16_t)((crc << 1) ^ 0x1021) : (uint16_t)(crc << 1);
-  }
-  return crc;
-}
-
-uint16_t kvt__rm_slot(const char *key, size_t len) {
-  const char *open = memchr(key, '{', len);
-  if (open) {
-    size_t start = (size_t)(open - key) + 1;
-    const char *close = memchr(key + start, '}', len - start);
-    if (close && close > key + start) return crc16(key + start, (size_t)(close - key - start)) & (RM_SLOTS - 1);
-  }
-  return crc16(key, len) & (RM_SLOTS - 1);
-}
 
 void kvt__rm_want_refresh(kvt__remote *r) {
   if (!r->cluster) return;
