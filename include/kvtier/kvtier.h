@@ -19,7 +19,10 @@
  *    blocks) bookkeeping, never across a copy or an I/O. Exceptions: kvt_open,
  *    kvt_register_layout and kvt_close must not race other calls on the same
  *    cache. Functions marked "may block" wait for copies or I/O;
- *    kvt_acquire and kvt_prefetch never wait for disk reads.
+ *    kvt_acquire and kvt_prefetch never wait for disk reads (with a remote
+ *    tier, lookups, plans, kvt_acquire, kvt_prefetch and storage mode's
+ *    exists and get wait for one existence round trip to the server,
+ *    bounded by remote_timeout_ms; never for its data).
  *    kvtier's own threads (docs/pipeline.md): device copy workers (host
  *    backend) or CUDA's completion thread, the disk reaper and checksum
  *    threads, and one progress thread per cache. Backend threads only post
@@ -290,8 +293,10 @@ typedef struct kvt_config {
    * kvt_register_layout connects: an unreachable server is not an error
    * (the tier starts degraded, is logged, and comes back by itself, with
    * backoff), refused credentials are (KVT_EAUTH), a malformed URL is
-   * -EINVAL. The server's maxmemory policy evicts; kvtier keeps no remote
-   * index, only a short-lived negative cache of keys found absent. */
+   * -EINVAL, a build without hiredis says KVT_EUNSUPPORTED. A cache with a
+   * metadata-only layout has no bytes to share and ignores the remote tier.
+   * The server's maxmemory policy evicts; kvtier keeps no remote index,
+   * only a short-lived negative cache of keys found absent. */
   /* "redis://[user[:password]@]host:port[,host:port...]": one server, or
    * seed nodes of a cluster (the scheme may be omitted; "valkey://" too).
    * NULL: no remote tier (the default). Copied by kvt_open. */
