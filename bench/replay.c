@@ -367,7 +367,7 @@ static void node_child(const kvt_bench_trace *t, kvt_bench_replay_opts ro, uint3
 
 typedef struct fleet {
   uint64_t requests, blocks_total, blocks_hit, hits[4], from_remote, corrupt, verified;
-  uint64_t to_remote, remote_errors;
+  uint64_t to_remote, remote_errors, puts_skipped;
   double ttft_sum, ttft_rc_sum, ttft_p50_max, wall_s;
 } fleet;
 
@@ -418,6 +418,7 @@ static int run_fleet(const kvt_bench_trace *t, const kvt_bench_replay_opts *ro, 
     f->verified += r.payload_verified;
     f->to_remote += r.st.blocks_h2remote;
     f->remote_errors += r.st.remote_errors + r.st.remote_timeouts;
+    f->puts_skipped += r.st.remote_puts_skipped;
     f->ttft_sum += r.ttft_mean_s * (double)r.requests;
     f->ttft_rc_sum += r.ttft_recompute_mean_s * (double)r.requests;
     if (r.ttft_p50_s > f->ttft_p50_max) f->ttft_p50_max = r.ttft_p50_s;
@@ -460,8 +461,9 @@ static int multi_node(const kvt_bench_trace *t, replay_cli *o) {
   printf("\n  shared/no-shared: hit ratio %.3fx, mean TTFT %.3fx (estimates of the cost model)\n",
          ratio(shared.blocks_hit, shared.blocks_total) / (ratio(alone.blocks_hit, alone.blocks_total) > 0 ? ratio(alone.blocks_hit, alone.blocks_total) : 1),
          alone.ttft_sum > 0 ? shared.ttft_sum / alone.ttft_sum : 0);
-  printf("  remote: %llu blocks put, %llu fetched for restores, %llu errors; restored payload verified %llu, corrupt %llu\n",
-         (unsigned long long)shared.to_remote, (unsigned long long)shared.from_remote,
+  printf("  remote: %llu blocks put (%llu skipped while puts were busy), %llu fetched for restores, %llu errors;\n"
+         "  restored payload verified %llu, corrupt %llu\n",
+         (unsigned long long)shared.to_remote, (unsigned long long)shared.puts_skipped, (unsigned long long)shared.from_remote,
          (unsigned long long)shared.remote_errors, (unsigned long long)(shared.verified + alone.verified),
          (unsigned long long)(shared.corrupt + alone.corrupt));
   return shared.corrupt + alone.corrupt ? 1 : 0;

@@ -682,8 +682,9 @@ typedef struct kvt_stats {
   uint64_t remote_timeouts; /* fetches and puts past remote_timeout_ms */
   uint64_t remote_put_refused; /* puts the server refused for memory (maxmemory) */
   uint64_t remote_reconnects; /* the tier came back after being unreachable */
-  /* Blocks that left the host without a put: puts are best effort, and
-   * while a quarter of max_jobs are putting (a slow server) no more start. */
+  /* Blocks that left the host without a put: puts are best effort; while
+   * a quarter of max_jobs are putting (a slow server) the next puts gather
+   * in one job of up to max_job_blocks, and past that are skipped. */
   uint64_t remote_puts_skipped;
   uint32_t remote_nodes;    /* server nodes known (1 for one server) */
   uint32_t remote_nodes_degraded; /* of which failing now (ops for them fail at once until backoff ends) */

@@ -229,7 +229,7 @@ struct kvt_cache {
   struct kvt__rneg *rneg;  /* negative cache: KVT__RNEG_SLOTS, direct mapped */
   uint64_t r_probes, r_probe_blocks, r_neg_hits, r_reconnects; /* rlock */
   uint32_t rput_building;  /* RPUT job gathering puts during a progress step, or KVT__NONE (c->lock) */
-  uint32_t rput_jobs;      /* RPUT jobs not finished (c->lock): at most a quarter of the pool */
+  uint32_t rput_jobs;      /* RPUT jobs submitted, not finished (c->lock): at most a quarter of the pool */
 
   kvt_stats st;
   kvt__metrics metrics; /* engine/metrics.h: atomics, no lock */
@@ -328,9 +328,12 @@ void kvt__rtier_absent(kvt_cache *c, const kvt_key *key); /* a fetch found it ab
 void kvt__rtier_stats(kvt_cache *c, kvt_stats *st);       /* c->lock NOT held */
 /* Puts of host copies, gathered in one RPUT job per progress step (lock
  * held): 1 queued (pinned on the host; with evict the slot is counted in
- * freeing until the put is over), 0 no remote or no job free. */
+ * freeing until the put is over), 0 no remote, no job free, or every put
+ * job busy and the gathering one full (counted as skipped). */
 int kvt__rput_add(kvt_cache *c, uint32_t e, int evict);
-void kvt__rput_flush(kvt_cache *c); /* submits the gathered job (lock held) */
+/* Submits the gathered job unless the cap of put jobs is in flight (then
+ * the next put job to finish submits it). Lock held. */
+void kvt__rput_flush(kvt_cache *c);
 /* Completions, applied by a progress step (lock held): a put is over; a
  * fetched record's parent against the entry's (0 or KVT_EMISMATCH); a
  * fetch that failed, counted by its reason (an absent key is remembered). */

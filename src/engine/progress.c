@@ -258,7 +258,10 @@ static void spill_fetched(kvt_cache *c, kvt__job *jb) {
 }
 
 static void finish_job(kvt_cache *c, kvt__job *jb) {
-  if (jb->kind == KVT__JOB_RPUT) c->rput_jobs--;
+  if (jb->kind == KVT__JOB_RPUT) {
+    c->rput_jobs--;
+    kvt__rput_flush(c); /* one held back by the cap goes now */
+  }
   if (jb->status == KVT_ECANCELED) c->st.jobs_cancelled++;
   else if (jb->status) c->st.jobs_failed++;
   jb->done = 1;

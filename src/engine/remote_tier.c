@@ -215,24 +215,31 @@ uint32_t kvt__rtier_after(kvt_cache *c, const kvt_key *keys, size_t n, uint32_t 
   return kvt__rtier_probe(c, keys + p, n - p);
 }
 
+/* RPUT jobs in flight at most: a quarter of the pool, so that the
+ * transfers requests wait for always find jobs. */
+static uint32_t rput_cap(const kvt_cache *c) { return c->cfg.max_jobs / 4 > 1 ? c->cfg.max_jobs / 4 : 1; }
+
 int kvt__rput_add(kvt_cache *c, uint32_t e, int evict) {
   if (!kvt__rtier(c)) return 0;
   uint32_t j = c->rput_building;
   if (j != KVT__NONE && c->jobs[j].n_ops == c->cfg.max_job_blocks) {
     kvt__rput_flush(c);
-    j = KVT__NONE;
+    j = c->rput_building;
+  }
+  /* Puts are best effort: with every put job busy and the next one full
+   * (a slow server), a block leaving the host is not put (counted). */
+  if (j != KVT__NONE && c->jobs[j].n_ops == c->cfg.max_job_blocks) {
+    c->st.remote_puts_skipped++;
+    return 0;
   }
   if (j == KVT__NONE) {
-    /* Puts are best effort: while a quarter of the jobs are putting, a
-     * block leaving the host is not put (counted), so that transfers the
-     * requests wait for always find jobs. */
-    uint32_t cap = c->cfg.max_jobs / 4 > 1 ? c->cfg.max_jobs / 4 : 1;
-    if (c->rput_jobs >= cap || (j = kvt__job_new(c, KVT__JOB_RPUT, 0)) == KVT__NONE) {
+    if ((j = kvt__job_new(c, KVT__JOB_RPUT, 0)) == KVT__NONE) {
       c->st.remote_puts_skipped++;
       return 0;
     }
     c->rput_building = j;
-    c->rput_jobs++;
+    c->inflight++; /* kvt_drain waits for it from now on, submitted or not */
+    c->st.jobs_started++;
   }
   kvt__job *jb = &c->jobs[j];
   kvt__op *op = &jb->ops[jb->n_ops++];
@@ -249,12 +256,14 @@ int kvt__rput_add(kvt_cache *c, uint32_t e, int evict) {
   return 1;
 }
 
+/* Submits the gathered job, or keeps gathering while the cap of put jobs
+ * is in flight: the next one to finish submits it (one round trip then
+ * carries what a slow server held up). */
 void kvt__rput_flush(kvt_cache *c) {
   uint32_t j = c->rput_building;
-  if (j == KVT__NONE) return;
+  if (j == KVT__NONE || c->rput_jobs >= rput_cap(c)) return;
   c->rput_building = KVT__NONE;
-  c->inflight++;
-  c->st.jobs_started++;
+  c->rput_jobs++;
   kvt__queue_submit(c, j);
 }
 
