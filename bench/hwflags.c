@@ -18,6 +18,8 @@ const char kvt_bench_hw_usage[] =
     "  --link-latency-us L   fixed latency per link transfer (10)\n"
     "  --disk-gbs B          disk read bandwidth, GB/s (6.5)\n"
     "  --disk-latency-us L   fixed latency per disk read (100)\n"
+    "  --remote-gbs B        remote tier's network into the host, GB/s (1.25)\n"
+    "  --remote-latency-us L fixed latency per remote round trip (500)\n"
     "  --overlap, --no-overlap  layer-wise loads under compute, or copy then compute\n";
 
 static int number(const char *s, double *out) {
@@ -39,7 +41,8 @@ int kvt_bench_hw_flag(const char *opt) {
   return !strcmp(opt, "--overlap") || !strcmp(opt, "--no-overlap") ? 1
          : !strcmp(opt, "--gpus") || !strcmp(opt, "--gpu-tflops") || !strcmp(opt, "--mfu") ||
                  !strcmp(opt, "--link-gbs") || !strcmp(opt, "--link-latency-us") ||
-                 !strcmp(opt, "--disk-gbs") || !strcmp(opt, "--disk-latency-us")
+                 !strcmp(opt, "--disk-gbs") || !strcmp(opt, "--disk-latency-us") ||
+                 !strcmp(opt, "--remote-gbs") || !strcmp(opt, "--remote-latency-us")
              ? 2
              : 0;
 }
@@ -77,6 +80,12 @@ int kvt_bench_hw_option(const char *cmd, const char *opt, const char *v, kvt_hw_
   } else if (!strcmp(opt, "--disk-latency-us")) {
     if (rc || d < 0) return bad(cmd, opt, v, "expected microseconds >= 0");
     hw->host_disk.latency_s = d * 1e-6;
+  } else if (!strcmp(opt, "--remote-gbs")) {
+    if (rc || d <= 0) return bad(cmd, opt, v, "expected GB/s > 0");
+    hw->host_remote.bytes_per_s = d * 1e9;
+  } else if (!strcmp(opt, "--remote-latency-us")) {
+    if (rc || d < 0) return bad(cmd, opt, v, "expected microseconds >= 0");
+    hw->host_remote.latency_s = d * 1e-6;
   } else {
     return bad(cmd, opt, v, "not a hardware flag");
   }
@@ -85,17 +94,18 @@ int kvt_bench_hw_option(const char *cmd, const char *opt, const char *v, kvt_hw_
 
 void kvt_bench_hw_print(FILE *f, const char *indent, const kvt_hw_desc *hw) {
   fprintf(f, "%shardware: %u GPU%s x %.4g TFLOP/s at MFU %.2f; link %.3g GB/s + %.0f us; disk %.3g GB/s + %.0f us;\n"
-             "%s  layer pipelining %s (--gpus --gpu-tflops --mfu --link-gbs --disk-gbs ... to change)\n",
+             "%s  remote %.3g GB/s + %.0f us; layer pipelining %s (--gpus --gpu-tflops --mfu --link-gbs --disk-gbs ... to change)\n",
           indent, hw->num_gpus, hw->num_gpus == 1 ? "" : "s", hw->flops_per_gpu / 1e12, hw->mfu,
           hw->device_host.bytes_per_s / 1e9, hw->device_host.latency_s * 1e6, hw->host_disk.bytes_per_s / 1e9,
-          hw->host_disk.latency_s * 1e6, indent, hw->overlap ? "on" : "off");
+          hw->host_disk.latency_s * 1e6, indent, hw->host_remote.bytes_per_s / 1e9, hw->host_remote.latency_s * 1e6,
+          hw->overlap ? "on" : "off");
 }
 
 void kvt_bench_hw_json(FILE *f, const kvt_hw_desc *hw) {
   fprintf(f,
           "\"hardware\":{\"gpus\":%u,\"gpu_tflops\":%.6g,\"mfu\":%.6g,\"link_gbs\":%.6g,\"link_latency_us\":%.6g,"
-          "\"disk_gbs\":%.6g,\"disk_latency_us\":%.6g,\"overlap\":%s}",
+          "\"disk_gbs\":%.6g,\"disk_latency_us\":%.6g,\"remote_gbs\":%.6g,\"remote_latency_us\":%.6g,\"overlap\":%s}",
           hw->num_gpus, hw->flops_per_gpu / 1e12, hw->mfu, hw->device_host.bytes_per_s / 1e9,
           hw->device_host.latency_s * 1e6, hw->host_disk.bytes_per_s / 1e9, hw->host_disk.latency_s * 1e6,
-          hw->overlap ? "true" : "false");
+          hw->host_remote.bytes_per_s / 1e9, hw->host_remote.latency_s * 1e6, hw->overlap ? "true" : "false");
 }

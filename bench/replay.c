@@ -5,6 +5,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "bench.h"
 #include "kvtier/kvtier.h"
@@ -23,6 +26,7 @@ typedef struct replay_cli {
   kvt_bench_replay_opts ro;
   int have_dev, have_host, have_disk, json;
   int mode; /* MODE_* */
+  uint32_t nodes; /* > 1: the multi-node replay */
 } replay_cli;
 
 enum { MODE_OWNER = 0, MODE_STORAGE = 1, MODE_BOTH = 2 };
@@ -54,6 +58,15 @@ static void usage(FILE *f) {
           "                        published LRU figures do); default: full blocks only\n"
           "  --metrics-out FILE    at the end, the engine's metrics in Prometheus text format\n"
           "                        (JSON when FILE ends in .json)\n"
+          "  --remote URL          a remote tier (Redis server or cluster seed list:\n"
+          "                        redis://[user:pass@]host:port[,host:port...]); real payload\n"
+          "  --remote-prefix P     its key prefix (default: one of this run's own, so runs\n"
+          "                        never see each other's blocks)\n"
+          "  --write-through       every computed block goes down the tiers at once\n"
+          "  --nodes N             multi-node replay (with --remote): N processes, each its\n"
+          "                        own cache with its own host and disk tiers, request i on\n"
+          "                        node i %% N, run with the shared remote tier and again\n"
+          "                        without it; hit ratio and estimated TTFT side by side\n"
           "  --json                one JSON object\n\n%s",
           kvt_bench_source_usage, kvt_bench_hw_usage);
 }
@@ -82,6 +95,8 @@ static int parse(int argc, char **argv, replay_cli *o) {
       return 1;
     } else if (!strcmp(a, "--json")) {
       o->json = 1;
+    } else if (!strcmp(a, "--write-through")) {
+      o->ro.write_through = 1;
     } else if (!strcmp(a, "--whole-ids")) {
       o->ro.whole_ids = 1;
     } else if (kvt_bench_hw_flag(a)) {
@@ -128,6 +143,18 @@ static int parse(int argc, char **argv, replay_cli *o) {
       o->ro.metrics_out = v;
     } else if (!strcmp(a, "--restore")) {
       if (kvt_bench_restore_option("replay", v, 1, &o->ro.restore)) return 2;
+    } else if (!strcmp(a, "--remote")) {
+      o->ro.remote_url = v;
+    } else if (!strcmp(a, "--remote-prefix")) {
+      o->ro.remote_key_prefix = v;
+    } else if (!strcmp(a, "--nodes")) {
+      uint64_t n = 0;
+      if (parse_count(a, v, &n)) return 2;
+      if (n < 1 || n > 64) {
+        fprintf(stderr, "kvtier-bench replay: --nodes '%s': 1 to 64\n", v);
+        return 2;
+      }
+      o->nodes = (uint32_t)n;
     } else {
       fprintf(stderr, "kvtier-bench replay: unknown option '%s'\n", a);
       return 2;
@@ -158,12 +185,12 @@ static void print_json(const kvt_bench_trace *t, const replay_cli *o, const kvt_
          (unsigned long long)r->requests, (unsigned long long)r->blocks_total, (unsigned long long)r->blocks_hit,
          ratio(r->blocks_hit, r->blocks_total), (unsigned long long)r->tokens_total,
          (unsigned long long)r->tokens_hit, ratio(r->tokens_hit, r->tokens_total));
-  printf("\"hits_device\":%llu,\"hits_host\":%llu,\"hits_disk\":%llu,\"blocks_restored\":%llu,"
+  printf("\"hits_device\":%llu,\"hits_host\":%llu,\"hits_disk\":%llu,\"hits_remote\":%llu,\"blocks_restored\":%llu,"
          "\"blocks_reused_device\":%llu,\"blocks_loaded\":%llu,\"blocks_from_disk\":%llu,"
          "\"blocks_recomputed\":%llu,\"blocks_load_failed\":%llu,\"truncated_requests\":%llu,"
          "\"restores_clipped\":%llu,",
          (unsigned long long)r->hits_device, (unsigned long long)r->hits_host, (unsigned long long)r->hits_disk,
-         (unsigned long long)r->blocks_restored, (unsigned long long)r->blocks_reused,
+         (unsigned long long)r->hits_remote, (unsigned long long)r->blocks_restored, (unsigned long long)r->blocks_reused,
          (unsigned long long)r->blocks_loaded, (unsigned long long)r->blocks_from_disk,
          (unsigned long long)r->blocks_recomputed, (unsigned long long)r->blocks_load_failed,
          (unsigned long long)r->truncated_requests, (unsigned long long)r->restores_clipped);
@@ -252,10 +279,20 @@ static void print_human(const kvt_bench_trace *t, const replay_cli *o, const kvt
   printf("  blocks            %10llu   hit %llu: block hit ratio %.4f, token hit ratio %.4f\n",
          (unsigned long long)r->blocks_total, (unsigned long long)r->blocks_hit, ratio(r->blocks_hit, r->blocks_total),
          ratio(r->tokens_hit, r->tokens_total));
-  printf("  hits by tier      device %llu (%.1f%%)  host %llu (%.1f%%)  disk %llu (%.1f%%)\n",
+  printf("  hits by tier      device %llu (%.1f%%)  host %llu (%.1f%%)  disk %llu (%.1f%%)",
          (unsigned long long)r->hits_device, 100 * ratio(r->hits_device, r->blocks_hit),
          (unsigned long long)r->hits_host, 100 * ratio(r->hits_host, r->blocks_hit),
          (unsigned long long)r->hits_disk, 100 * ratio(r->hits_disk, r->blocks_hit));
+  if (o->ro.remote_url)
+    printf("  remote %llu (%.1f%%)", (unsigned long long)r->hits_remote, 100 * ratio(r->hits_remote, r->blocks_hit));
+  printf("\n");
+  if (o->ro.remote_url)
+    printf("  remote tier       %llu blocks put, %llu fetched (%llu for restores), %llu misses, %llu corrupt, "
+           "%llu errors, %llu timeouts\n",
+           (unsigned long long)st->blocks_h2remote, (unsigned long long)st->blocks_remote2h,
+           (unsigned long long)r->blocks_from_remote, (unsigned long long)st->remote_misses,
+           (unsigned long long)st->remote_corrupt, (unsigned long long)st->remote_errors,
+           (unsigned long long)st->remote_timeouts);
   printf("  blocks restored   %10llu   (%llu reused on device, %llu loaded, of which %llu from disk)\n",
          (unsigned long long)r->blocks_restored, (unsigned long long)r->blocks_reused,
          (unsigned long long)r->blocks_loaded, (unsigned long long)r->blocks_from_disk);
@@ -311,6 +348,127 @@ static void print_side_by_side(const kvt_bench_replay_result r[2]) {
          (unsigned long long)r[1].blocks_hit, (unsigned long long)r[0].blocks_total);
 }
 
+/* ---- multi-node replay ---- */
+
+/* Node k of n in a child process: its result comes back through fd. */
+static void node_child(const kvt_bench_trace *t, kvt_bench_replay_opts ro, uint32_t k, uint32_t n, int fd) {
+  ro.node = k;
+  ro.nodes = n;
+  ro.progress = NULL;
+  ro.disk_path = NULL; /* a temporary file per node */
+  ro.device_only_baseline = 0;
+  static kvt_bench_replay_result r;
+  char err[256] = "";
+  int rc = kvt_bench_replay_run(t, &ro, &r, err, sizeof err);
+  if (rc) fprintf(stderr, "kvtier-bench replay: node %u: %s\n", k, err);
+  ssize_t w = rc ? -1 : write(fd, &r, sizeof r);
+  _exit(w == (ssize_t)sizeof r ? 0 : 1);
+}
+
+typedef struct fleet {
+  uint64_t requests, blocks_total, blocks_hit, hits[4], from_remote, corrupt, verified;
+  uint64_t to_remote, remote_errors, puts_skipped;
+  double ttft_sum, ttft_rc_sum, ttft_p50_max, wall_s;
+} fleet;
+
+/* Runs n nodes at once (one process each) and sums their figures. */
+static int run_fleet(const kvt_bench_trace *t, const kvt_bench_replay_opts *ro, uint32_t n, fleet *f) {
+  memset(f, 0, sizeof *f);
+  int fds[64];
+  pid_t pids[64];
+  for (uint32_t k = 0; k < n; k++) {
+    int p[2];
+    if (pipe(p) != 0) return -errno;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) return -errno;
+    if (pid == 0) {
+      close(p[0]);
+      node_child(t, *ro, k, n, p[1]);
+    }
+    close(p[1]);
+    fds[k] = p[0];
+    pids[k] = pid;
+  }
+  int rc = 0;
+  for (uint32_t k = 0; k < n; k++) {
+    static kvt_bench_replay_result r;
+    size_t got = 0;
+    while (got < sizeof r) {
+      ssize_t m = read(fds[k], (char *)&r + got, sizeof r - got);
+      if (m <= 0) break;
+      got += (size_t)m;
+    }
+    close(fds[k]);
+    int status = 0;
+    waitpid(pids[k], &status, 0);
+    if (got != sizeof r || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      rc = -EIO;
+      continue;
+    }
+    f->requests += r.requests;
+    f->blocks_total += r.blocks_total;
+    f->blocks_hit += r.blocks_hit;
+    f->hits[0] += r.hits_device;
+    f->hits[1] += r.hits_host;
+    f->hits[2] += r.hits_disk;
+    f->hits[3] += r.hits_remote;
+    f->from_remote += r.blocks_from_remote;
+    f->corrupt += r.payload_corrupt;
+    f->verified += r.payload_verified;
+    f->to_remote += r.st.blocks_h2remote;
+    f->remote_errors += r.st.remote_errors + r.st.remote_timeouts;
+    f->puts_skipped += r.st.remote_puts_skipped;
+    f->ttft_sum += r.ttft_mean_s * (double)r.requests;
+    f->ttft_rc_sum += r.ttft_recompute_mean_s * (double)r.requests;
+    if (r.ttft_p50_s > f->ttft_p50_max) f->ttft_p50_max = r.ttft_p50_s;
+    if (r.wall_s > f->wall_s) f->wall_s = r.wall_s;
+  }
+  return rc;
+}
+
+static void print_fleet(const char *name, const fleet *f) {
+  double req = f->requests ? (double)f->requests : 1;
+  printf("  %-14s %10.4f %10llu %10llu %10llu %10llu %12.4f %12.4f %12.4f %8.1f\n", name,
+         ratio(f->blocks_hit, f->blocks_total), (unsigned long long)f->hits[0], (unsigned long long)f->hits[1],
+         (unsigned long long)f->hits[2], (unsigned long long)f->hits[3], f->ttft_sum / req, f->ttft_p50_max,
+         f->ttft_rc_sum / req, f->wall_s);
+}
+
+static int multi_node(const kvt_bench_trace *t, replay_cli *o) {
+  if (!o->ro.remote_url || !o->ro.payload_real) {
+    fprintf(stderr, "kvtier-bench replay: --nodes needs --remote URL and --payload real\n");
+    return 2;
+  }
+  fleet shared, alone;
+  printf("kvtier multi-node replay: %s, %u nodes, request i on node i %% %u\n", t->source, o->nodes, o->nodes);
+  printf("  each node: device %llu, host %llu, disk %llu blocks; %s; shared tier %s\n",
+         (unsigned long long)o->ro.device_blocks, (unsigned long long)o->ro.host_blocks,
+         (unsigned long long)o->ro.disk_blocks, o->ro.write_through ? "write-through" : "write-back",
+         o->ro.remote_url);
+  int rc = run_fleet(t, &o->ro, o->nodes, &shared);
+  kvt_bench_replay_opts none = o->ro;
+  none.remote_url = NULL;
+  if (rc == 0) rc = run_fleet(t, &none, o->nodes, &alone);
+  if (rc) {
+    fprintf(stderr, "kvtier-bench replay: a node failed (%s)\n", kvt_strerror(rc));
+    return 1;
+  }
+  printf("\n  %-14s %10s %10s %10s %10s %10s %12s %12s %12s %8s\n", "", "hit ratio", "device", "host", "disk",
+         "remote", "TTFT mean s", "p50 max s", "recompute s", "wall s");
+  print_fleet("shared tier", &shared);
+  print_fleet("no shared", &alone);
+  printf("\n  shared/no-shared: hit ratio %.3fx, mean TTFT %.3fx (estimates of the cost model)\n",
+         ratio(shared.blocks_hit, shared.blocks_total) / (ratio(alone.blocks_hit, alone.blocks_total) > 0 ? ratio(alone.blocks_hit, alone.blocks_total) : 1),
+         alone.ttft_sum > 0 ? shared.ttft_sum / alone.ttft_sum : 0);
+  printf("  remote: %llu blocks put (%llu skipped while puts were busy), %llu fetched for restores, %llu errors;\n"
+         "  restored payload verified %llu, corrupt %llu\n",
+         (unsigned long long)shared.to_remote, (unsigned long long)shared.puts_skipped, (unsigned long long)shared.from_remote,
+         (unsigned long long)shared.remote_errors, (unsigned long long)(shared.verified + alone.verified),
+         (unsigned long long)(shared.corrupt + alone.corrupt));
+  return shared.corrupt + alone.corrupt ? 1 : 0;
+}
+
 static int replay_main(int argc, char **argv) {
   static replay_cli o;
   memset(&o, 0, sizeof o);
@@ -325,6 +483,18 @@ static int replay_main(int argc, char **argv) {
   if (!o.have_host) o.ro.host_blocks = DEFAULT_HOST_TOKENS / bt;
   if (!o.have_disk) o.ro.disk_blocks = DEFAULT_DISK_TOKENS / bt;
   o.ro.progress = progress;
+  char prefix[64];
+  if (o.ro.remote_url && !o.ro.remote_key_prefix) {
+    /* This run's own keys: another run's blocks (an earlier replay of the
+     * same trace) would otherwise be hits. */
+    snprintf(prefix, sizeof prefix, "kvtb:%ld.%d:", (long)time(NULL), (int)getpid());
+    o.ro.remote_key_prefix = prefix;
+  }
+  if (o.nodes > 1) {
+    rc = multi_node(&t, &o);
+    kvt_bench_trace_free(&t);
+    return rc;
+  }
   static kvt_bench_replay_result r[2];
   for (int m = 0; m < 2; m++) {
     if ((m == 0 && o.mode == MODE_STORAGE) || (m == 1 && o.mode == MODE_OWNER)) continue;

@@ -71,6 +71,8 @@ typedef struct engine_args {
   uint32_t scale;
   const char *disk_path;
   const kvt_hw_desc *hw;
+  const char *remote_url, *remote_key_prefix;
+  int write_through;
 } engine_args;
 
 static int fail_kvt(char *err, size_t len, const char *what, int rc) {
@@ -159,6 +161,9 @@ static int engine_open(replay_engine *e, const engine_args *a, char *err, size_t
   cfg.disk_reset = 1;
   cfg.max_jobs = 64;
   cfg.max_job_blocks = a->max_keyed + 1 > 1024 ? a->max_keyed + 1 : 1024;
+  cfg.remote_url = a->real ? a->remote_url : NULL;
+  cfg.remote_key_prefix = a->remote_key_prefix;
+  cfg.write_policy = a->write_through ? KVT_WRITE_THROUGH : KVT_WRITE_BACK;
   int rc = 0;
   if (a->real && a->disk_blocks) {
     if ((rc = make_disk_file(e, a->disk_path, err, len)) != 0) return rc;
@@ -223,7 +228,7 @@ static size_t clip_to_host(replay_engine *e, uint32_t n, size_t restore) {
   size_t k = 0;
   uint64_t disk = 0;
   for (; k < restore && k < lr.n_prefix; k++) {
-    disk += e->tiers[k] == KVT_TIER_DISK;
+    disk += e->tiers[k] == KVT_TIER_DISK || e->tiers[k] == KVT_TIER_REMOTE; /* both stage through host slots */
     if (disk > e->host_blocks) break;
   }
   return k;
@@ -321,6 +326,7 @@ typedef struct replay_state {
   replay_engine main, base;
   int have_base;
   double *ttft, *ttft_rc, *ttft_dev;
+  size_t n_run; /* requests this node ran (all of them with one node) */
 } replay_state;
 
 static void account(kvt_bench_replay_result *r, const kvt_bench_trace *t, const kvt_bench_req *q,
@@ -334,6 +340,8 @@ static void account(kvt_bench_replay_result *r, const kvt_bench_trace *t, const 
   r->hits_device += so->plan.n_device;
   r->hits_host += so->plan.n_host;
   r->hits_disk += so->plan.n_disk;
+  r->hits_remote += so->plan.n_remote;
+  r->blocks_from_remote += so->info.n_from_remote;
   r->blocks_restored += so->n_ready;
   r->blocks_reused += so->info.n_device_hits;
   r->blocks_loaded += so->n_ready > so->info.n_device_hits ? so->n_ready - so->info.n_device_hits : 0;
@@ -349,8 +357,11 @@ static void account(kvt_bench_replay_result *r, const kvt_bench_trace *t, const 
 static int run_loop(replay_state *s, const kvt_bench_trace *t, const kvt_bench_replay_opts *o,
                     const kvt_model_desc *m, kvt_bench_replay_result *r, char *err, size_t len) {
   step_out so, sb;
+  s->n_run = 0;
   for (size_t i = 0; i < t->n_reqs; i++) {
+    if (o->nodes > 1 && i % o->nodes != o->node) continue; /* another node's request */
     const kvt_bench_req *q = &t->reqs[i];
+    size_t k = s->n_run++;
     int rc = step(&s->main, t, q, o, o->restore, &so, err, len);
     if (rc) return rc;
     uint32_t counted = kvt_bench_replay_keyed(t, q, o->whole_ids);
@@ -359,14 +370,14 @@ static int run_loop(replay_state *s, const kvt_bench_trace *t, const kvt_bench_r
     kvt_plan none = {.size = sizeof none};
     rc = kvt_cost_plan(m, &o->hw, t->block_tokens, so.plan.n_tokens, 0, NULL, &none);
     if (rc) return fail_kvt(err, len, "kvt_cost_plan", rc);
-    s->ttft_rc[i] = none.est_ttft_s;
-    s->ttft[i] = o->restore == KVT_BENCH_RESTORE_PLAN ? so.plan.est_ttft_s
+    s->ttft_rc[k] = none.est_ttft_s;
+    s->ttft[k] = o->restore == KVT_BENCH_RESTORE_PLAN ? so.plan.est_ttft_s
                  : o->restore == KVT_BENCH_RESTORE_ALL ? so.plan.est_restore_all_s
                                                        : none.est_ttft_s;
-    s->ttft_dev[i] = none.est_ttft_s;
+    s->ttft_dev[k] = none.est_ttft_s;
     if (s->have_base) {
       if ((rc = step(&s->base, t, q, o, KVT_BENCH_RESTORE_PLAN, &sb, err, len)) != 0) return rc;
-      s->ttft_dev[i] = sb.plan.est_ttft_s;
+      s->ttft_dev[k] = sb.plan.est_ttft_s;
       r->device_only_blocks_hit += sb.plan.n_prefix;
     }
     if (o->progress && (i & 63) == 0) o->progress((double)i / (double)t->n_reqs);
@@ -389,7 +400,10 @@ static int open_engines(replay_state *s, const kvt_bench_trace *t, const kvt_ben
     return set_err(err, len, "a disk tier needs a host tier (device blocks reach disk through the host)");
   engine_args a = {.dev_slots = o->device_blocks, .host_blocks = o->host_blocks, .disk_blocks = o->disk_blocks,
                    .block_tokens = t->block_tokens, .max_keyed = max_keyed, .model = m,
-                   .fingerprint = m->name, .real = o->payload_real, .scale = 1, .disk_path = o->disk_path, .hw = &o->hw};
+                   .fingerprint = m->name, .real = o->payload_real, .scale = 1, .disk_path = o->disk_path, .hw = &o->hw,
+                   .remote_url = o->remote_url, .remote_key_prefix = o->remote_key_prefix,
+                   .write_through = o->write_through};
+  if (o->remote_url && !o->payload_real) return set_err(err, len, "--remote moves real bytes: it needs --payload real");
   if (a.real) {
     uint64_t dev = o->device_blocks ? o->device_blocks : (max_keyed ? max_keyed : 1);
     a.scale = o->payload_scale ? o->payload_scale : auto_scale(o, dev, r->model_block_bytes);
@@ -405,6 +419,8 @@ static int open_engines(replay_state *s, const kvt_bench_trace *t, const kvt_ben
   engine_args b = a;
   b.host_blocks = b.disk_blocks = 0;
   b.real = 0;
+  b.remote_url = NULL;
+  b.write_through = 0;
   s->have_base = 1;
   return engine_open(&s->base, &b, err, len);
 }
@@ -462,10 +478,10 @@ int kvt_bench_replay_run(const kvt_bench_trace *t, const kvt_bench_replay_opts *
   if (rc == 0) {
     kvt_drain(s.main.c);
     r->wall_s = now_s() - t0;
-    r->requests = t->n_reqs;
+    r->requests = s.n_run;
     r->st.size = sizeof r->st;
     kvt_get_stats(s.main.c, &r->st);
-    size_t n = t->n_reqs;
+    size_t n = s.n_run;
     r->ttft_mean_s = mean(s.ttft, n);
     r->ttft_recompute_mean_s = mean(s.ttft_rc, n);
     r->ttft_device_only_mean_s = mean(s.ttft_dev, n);

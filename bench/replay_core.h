@@ -77,6 +77,15 @@ typedef struct kvt_bench_replay_opts {
   const char *metrics_out;  /* at the end, the engine's kvt_metrics_write text here (NULL: none);
                                JSON when the name ends in ".json", else Prometheus text */
   void (*progress)(double fraction); /* may be NULL */
+  /* A remote tier (real payload only) shared with whoever points at the
+   * same server: its URL, the key prefix that keeps one run's blocks apart
+   * from another's, and write-through (every computed block reaches the
+   * remote at once, not only when it leaves the host). */
+  const char *remote_url, *remote_key_prefix;
+  int write_through;
+  /* Multi-node replay: this process is node `node` of `nodes` (> 1): it
+   * runs requests i with i % nodes == node, in trace order. */
+  uint32_t node, nodes;
 } kvt_bench_replay_opts;
 
 void kvt_bench_replay_opts_init(kvt_bench_replay_opts *o);
@@ -84,6 +93,8 @@ void kvt_bench_replay_opts_init(kvt_bench_replay_opts *o);
 typedef struct kvt_bench_replay_result {
   uint64_t requests, blocks_total, blocks_hit, tokens_total, tokens_hit;
   uint64_t hits_device, hits_host, hits_disk;   /* the hit prefix by fastest tier */
+  uint64_t hits_remote;       /* found only on the remote tier */
+  uint64_t blocks_from_remote;/* restores fetched from the remote first */
   uint64_t blocks_restored;   /* kept from the cache: reused on device + loaded */
   uint64_t blocks_reused;     /* of which already on the device */
   uint64_t blocks_loaded;     /* of which copied from host or disk */

@@ -86,6 +86,7 @@ static void open_rejects_bad_configs(void **state) {
       {"max_jobs 0", -EINVAL}, {"max_job_blocks 0", -EINVAL}, {"device 7", -EINVAL},
       {"device -1", -EINVAL}, {"disk backend 9", -EINVAL}, {"disk path, 0 blocks", -EINVAL},
       {"host blocks 2^32", -EINVAL}, {"disk blocks 2^32", -EINVAL},
+      {"remote url empty", -EINVAL}, {"remote without host tier", -EINVAL}, {"remote conns 65", -EINVAL},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     cfg = fixture_config(4);
@@ -109,6 +110,9 @@ static void open_rejects_bad_configs(void **state) {
     case 16: cfg.disk_path = "/nonexistent/x", cfg.disk_blocks = 0; break;
     case 17: cfg.host_blocks = 1ull << 32; break;
     case 18: cfg.disk_path = "/nonexistent/x", cfg.disk_blocks = 1ull << 32; break;
+    case 19: cfg.remote_url = ""; break;
+    case 20: cfg.remote_url = "redis://127.0.0.1:1", cfg.host_blocks = 0; break;
+    case 21: cfg.remote_url = "redis://127.0.0.1:1", cfg.remote_conns_per_node = 65; break;
     }
     c = (kvt_cache *)0x1;
     int rc = kvt_open(&cfg, &c);
@@ -353,8 +357,16 @@ static void lookup_bad_args_and_foreign_keys(void **state) {
   assert_int_equal(kvt_lookup(NULL, k, 3, &lr, NULL), -EINVAL);
   assert_int_equal(kvt_lookup(f.c, NULL, 3, &lr, NULL), -EINVAL);
   assert_int_equal(kvt_lookup(f.c, k, 3, NULL, NULL), -EINVAL);
-  lr.size = sizeof lr - 1;
+  lr.size = KVT_LOOKUP_RESULT_SIZE_V1 - 1;
   assert_int_equal(kvt_lookup(f.c, k, 3, &lr, NULL), KVT_EVERSION);
+  /* A first-version result (no n_remote) is filled as far as it goes. */
+  kvt_lookup_result v1[2];
+  memset(v1, 0xee, sizeof v1);
+  v1[0].size = KVT_LOOKUP_RESULT_SIZE_V1;
+  assert_int_equal(kvt_lookup(f.c, k, 3, &v1[0], NULL), 0);
+  assert_int_equal(v1[0].size, KVT_LOOKUP_RESULT_SIZE_V1);
+  assert_int_equal(v1[0].n_prefix, 3);
+  assert_int_equal(((unsigned char *)v1)[KVT_LOOKUP_RESULT_SIZE_V1], 0xee);
   lr.size = sizeof lr;
   assert_int_equal(kvt_lookup(f.c, NULL, 0, &lr, NULL), 0);
   assert_int_equal(lr.n_prefix, 0);
@@ -438,6 +450,28 @@ static void plan_request_bad_args(void **state) {
 }
 
 /* ---- acquire, poll, wait, layers, commit, release ---- */
+
+/* The acquire info of the first version (no n_from_remote) is filled as far as it goes. */
+static void acquire_info_first_version(void **state) {
+  (void)state;
+  fixture f;
+  fixture_open(&f, 8, 8);
+  kvt_key k[2];
+  uint32_t t[2 * 16];
+  fixture_keys(&f, 5, 2, k, t);
+  run_request(&f, k, t, 2, 5);
+  kvt_acquire_info info[2];
+  memset(info, 0xee, sizeof info);
+  info[0].size = KVT_ACQUIRE_INFO_SIZE_V1;
+  kvt_req r;
+  uint32_t slots[2];
+  assert_int_equal(kvt_acquire(f.c, k, t, 2, 2, 0, 0, &r, slots, &info[0]), 0);
+  assert_int_equal(info[0].size, KVT_ACQUIRE_INFO_SIZE_V1);
+  assert_int_equal(info[0].n_device_hits, 2);
+  assert_int_equal(((unsigned char *)info)[KVT_ACQUIRE_INFO_SIZE_V1], 0xee);
+  assert_int_equal(kvt_release(f.c, r), 0);
+  fixture_close(&f);
+}
 
 static void acquire_bad_args(void **state) {
   fixture f;
@@ -947,6 +981,28 @@ static void cost_functions_bad_args(void **state) {
   assert_int_equal(kvt_cost_plan(&m, &badhw, 16, 64, 2, tiers, &plan), -EINVAL);
   plan.size = 8;
   assert_int_equal(kvt_cost_plan(&m, &hw, 16, 64, 2, tiers, &plan), -EINVAL);
+  /* A first-version plan and hardware description (no remote fields) work:
+   * the plan gets its own fields only, the remote link takes its default. */
+  kvt_plan small;
+  memset(&small, 0xee, sizeof small);
+  small.size = KVT_PLAN_SIZE_V1;
+  badhw = hw;
+  badhw.size = KVT_HW_DESC_SIZE_V1;
+  badhw.host_remote.bytes_per_s = -1; /* past its size: not read */
+  assert_int_equal(kvt_cost_plan(&m, &badhw, 16, 64, 2, tiers, &small), 0);
+  assert_int_equal(small.size, KVT_PLAN_SIZE_V1);
+  assert_int_equal(((unsigned char *)&small)[KVT_PLAN_SIZE_V1], 0xee);
+  badhw.size = KVT_HW_DESC_SIZE_V1 - 4;
+  assert_int_equal(kvt_cost_plan(&m, &badhw, 16, 64, 2, tiers, &plan), -EINVAL);
+  badhw = hw;
+  badhw.host_remote.bytes_per_s = 0;
+  assert_int_equal(kvt_cost_plan(&m, &badhw, 16, 64, 2, tiers, &plan), -EINVAL);
+  uint8_t rtiers[4] = {KVT_TIER_HOST, KVT_TIER_REMOTE, KVT_TIER_REMOTE, KVT_TIER_REMOTE};
+  plan.size = sizeof plan;
+  assert_int_equal(kvt_cost_plan(&m, &hw, 16, 64, 3, rtiers, &plan), 0);
+  assert_int_equal(plan.n_remote, 2);
+  assert_true(kvt_cost_transfer3_s(&hw, 0, 0, 1 << 20) > kvt_cost_transfer3_s(&hw, 0, 1 << 20, 0));
+  assert_true(kvt_cost_transfer3_s(NULL, 0, 0, 1) == 0);
   plan.size = sizeof plan;
   assert_int_equal(kvt_cost_plan(&m, &hw, 16, 64, 0, NULL, &plan), 0);
   assert_int_equal(kvt_cost_plan(&m, &hw, 16, 64, 3, tiers, &plan), 0);
@@ -1152,6 +1208,7 @@ int main(void) {
       cmocka_unit_test(lookup_bad_args_and_foreign_keys),
       cmocka_unit_test(plan_request_bad_args),
       cmocka_unit_test(acquire_bad_args),
+      cmocka_unit_test(acquire_info_first_version),
       cmocka_unit_test(request_handles_bad_and_stale),
       cmocka_unit_test(calls_while_a_load_is_in_flight),
       cmocka_unit_test(regression_second_acquire_loads_into_a_filling_entry),

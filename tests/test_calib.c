@@ -141,7 +141,7 @@ static void degenerate_samples_are_ignored(void **state) {
   kvt__calib_observe_transfer(&c, KVT_CALIB_HOST_DISK, 4096, 1, -1.0);
   kvt__calib_observe_transfer(&c, KVT_CALIB_HOST_DISK, 4096, 1, NAN);
   kvt__calib_observe_transfer(&c, KVT_CALIB_HOST_DISK, 4096, 1, INFINITY);
-  kvt__calib_observe_transfer(&c, 2, 4096, 1, 1.0);
+  kvt__calib_observe_transfer(&c, KVT_CALIB_NPATHS, 4096, 1, 1.0);
   kvt__calib_observe_transfer(&c, -1, 4096, 1, 1.0);
   kvt__calib_observe_prefill(&c, &m, 100, 100, 1.0);
   kvt__calib_observe_prefill(&c, &m, 200, 100, 1.0);

@@ -70,6 +70,43 @@ static void worked_example_figures(void **state) {
   assert_true(kvt_cost_compute_s(&m, &hw, 0, 10000) > 0.38);
 }
 
+/* The remote link is slower than disk by default, and a plan reads it:
+ * remote blocks cost more than the same blocks on disk or host, and with a
+ * slow enough network the planner recomputes rather than fetch them. */
+static void remote_blocks_cost_more_than_local_ones(void **state) {
+  (void)state;
+  kvt_model_desc m = model("llama3-70b");
+  kvt_hw_desc hw = hw_example(0);
+  uint64_t n = 625 * BT + 1;
+  fill_tiers(0, 625, KVT_TIER_HOST);
+  kvt_plan host = plan_of(&m, &hw, BT, n, 625);
+  fill_tiers(0, 625, KVT_TIER_DISK);
+  kvt_plan disk = plan_of(&m, &hw, BT, n, 625);
+  fill_tiers(0, 625, KVT_TIER_REMOTE);
+  kvt_plan remote = plan_of(&m, &hw, BT, n, 625);
+  assert_int_equal(remote.n_remote, 625);
+  assert_true(remote.est_restore_all_s > disk.est_restore_all_s);
+  assert_true(disk.est_restore_all_s > host.est_restore_all_s);
+  uint64_t bytes = 625ull * BT * kvt_model_kv_bytes_per_token(&m);
+  assert_near(remote.est_restore_all_s - host.est_restore_all_s, hw.host_remote.latency_s + bytes / hw.host_remote.bytes_per_s, 1e-9);
+  assert_int_equal(remote.in_host_remote.bytes_per_s, hw.host_remote.bytes_per_s);
+  /* Disk and remote reads overlap: a mixed prefix pays the slower of the two. */
+  fill_tiers(0, 300, KVT_TIER_DISK);
+  fill_tiers(300, 625, KVT_TIER_REMOTE);
+  kvt_plan mixed = plan_of(&m, &hw, BT, n, 625);
+  assert_true(mixed.est_restore_all_s < remote.est_restore_all_s);
+  assert_near(kvt_cost_transfer3_s(&hw, 0, 300 * bytes / 625, 325 * bytes / 625),
+              hw.host_remote.latency_s + 325.0 * bytes / 625 / hw.host_remote.bytes_per_s + hw.device_host.latency_s +
+                  (double)bytes / hw.device_host.bytes_per_s,
+              1e-9);
+  /* A 100 Mb/s network: fetching loses to recomputing. */
+  hw.host_remote.bytes_per_s = 12.5e6;
+  fill_tiers(0, 625, KVT_TIER_REMOTE);
+  kvt_plan slow = plan_of(&m, &hw, BT, n, 625);
+  assert_int_equal(slow.decision, KVT_DECIDE_RECOMPUTE);
+  assert_int_equal(slow.bytes_from_remote, 0);
+}
+
 static void worked_example_plan_restores(void **state) {
   (void)state;
   kvt_model_desc m = model("llama3-70b");
@@ -427,7 +464,7 @@ static void invalid_arguments_are_einval(void **state) {
   assert_int_equal(kvt_cost_plan(&m, &hw, BT, 128, 0, NULL, &p), 0);
   tiers[3] = KVT_TIER_NONE;
   assert_int_equal(kvt_cost_plan(&m, &hw, BT, 128, 8, tiers, &p), -EINVAL);
-  tiers[3] = 3;
+  tiers[3] = KVT_TIER_REMOTE + 1;
   assert_int_equal(kvt_cost_plan(&m, &hw, BT, 128, 8, tiers, &p), -EINVAL);
   assert_int_equal(kvt_cost_plan(&m, &hw, BT, 128, 3, tiers, &p), 0); /* before the bad one */
   tiers[3] = KVT_TIER_HOST;
@@ -519,6 +556,7 @@ int main(void) {
       cmocka_unit_test(breakeven_is_where_the_costs_meet),
       cmocka_unit_test(invalid_arguments_are_einval),
       cmocka_unit_test(hw_defaults),
+      cmocka_unit_test(remote_blocks_cost_more_than_local_ones),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -73,9 +73,15 @@ typedef struct kvt_hw_desc {
   kvt_link device_host;  /* PCIe (24 GB/s, 10 us) */
   kvt_link host_disk;    /* NVMe (6.5 GB/s, 100 us) */
   int overlap;           /* 1: loads of layer l+1 run under compute of layer l (1) */
+  /* Appended: the remote tier's network path into the host (fetches of
+   * whole records, concurrent with disk reads: 1.25 GB/s, 500 us, a
+   * 10 Gb/s link). Calibrated online from measured fetches. */
+  kvt_link host_remote;
 } kvt_hw_desc;
 /* The planner rejects (-EINVAL) a description without GPUs, with a peak, mfu
- * or bandwidth that is not a positive finite number, or a negative latency. */
+ * or bandwidth that is not a positive finite number, or a negative latency.
+ * A description of the first version (size KVT_HW_DESC_SIZE_V1, no
+ * host_remote) is accepted, the remote link taking kvt_hw_init's value. */
 
 KVT_API void kvt_hw_init(kvt_hw_desc *hw);
 
@@ -116,6 +122,12 @@ typedef struct kvt_plan {
   kvt_link in_device_host, in_host_disk;
   uint64_t in_kv_bytes_per_token;
   int in_overlap;
+  /* Appended: remote blocks of the prefix (KVT_TIER_REMOTE), the bytes the
+   * plan fetches from the remote, and the link it assumed. Remote and disk
+   * reads run side by side: the fetch part of TTFT is the slower of them. */
+  uint32_t n_remote;
+  uint64_t bytes_from_remote;
+  kvt_link in_host_remote;
 } kvt_plan;
 
 /* FLOPs to recompute tokens [from, to) given a cached prefix of `from`:
@@ -138,6 +150,11 @@ KVT_API double kvt_cost_compute_s(const kvt_model_desc *m, const kvt_hw_desc *hw
  * then all of them cross PCIe (latency + bytes / bw). A path that moves no
  * bytes costs nothing. 0 for invalid arguments. */
 KVT_API double kvt_cost_transfer_s(const kvt_hw_desc *hw, uint64_t host_bytes, uint64_t disk_bytes);
+/* As kvt_cost_transfer_s with remote_bytes fetched from the remote tier
+ * besides: disk and remote reads run side by side (the slower counts),
+ * then everything crosses PCIe. */
+KVT_API double kvt_cost_transfer3_s(const kvt_hw_desc *hw, uint64_t host_bytes, uint64_t disk_bytes,
+                                    uint64_t remote_bytes);
 
 /* The planner. tier_of_block[0..n_prefix) gives the fastest tier of each
  * cached block (KVT_TIER_*; may be NULL when n_prefix is 0); blocks past
@@ -146,7 +163,8 @@ KVT_API double kvt_cost_transfer_s(const kvt_hw_desc *hw, uint64_t host_bytes, u
  * the smaller k (fewer copies). Fills every field of *plan, whose size the
  * caller sets. Returns 0 or -EINVAL (NULL, invalid model or hardware,
  * block_tokens 0, n_tokens 0, n_prefix past the request's full blocks, a
- * tier that is not device, host or disk, plan->size too small). */
+ * tier that is not device, host, disk or remote, plan->size below
+ * KVT_PLAN_SIZE_V1). A smaller plan (an older caller's) gets its fields only. */
 KVT_API int kvt_cost_plan(const kvt_model_desc *m, const kvt_hw_desc *hw, uint32_t block_tokens,
                           uint64_t n_tokens, uint32_t n_prefix, const uint8_t *tier_of_block,
                           kvt_plan *plan);

@@ -4,7 +4,9 @@
  * This is the only header an engine needs. kvtier keeps the KV cache of idle
  * conversations in three tiers - T0 device (the engine's own KV pool, on the
  * GPU or in RAM), T1 pinned host pool, T2 disk - and brings it back when a
- * conversation returns, whenever restoring is cheaper than recomputing.
+ * conversation returns, whenever restoring is cheaper than recomputing. An
+ * optional T3, remote (a Redis server or cluster), is shared by every cache
+ * that points at it (the config's remote_url).
  *
  * Conventions (stated once, they hold for every function below):
  *
@@ -17,7 +19,10 @@
  *    blocks) bookkeeping, never across a copy or an I/O. Exceptions: kvt_open,
  *    kvt_register_layout and kvt_close must not race other calls on the same
  *    cache. Functions marked "may block" wait for copies or I/O;
- *    kvt_acquire and kvt_prefetch never wait for disk reads.
+ *    kvt_acquire and kvt_prefetch never wait for disk reads (with a remote
+ *    tier, lookups, plans, kvt_acquire, kvt_prefetch and storage mode's
+ *    exists and get wait for one existence round trip to the server,
+ *    bounded by remote_timeout_ms; never for its data).
  *    kvtier's own threads (docs/pipeline.md): device copy workers (host
  *    backend) or CUDA's completion thread, the disk reaper and checksum
  *    threads, and one progress thread per cache. Backend threads only post
@@ -271,6 +276,40 @@ typedef struct kvt_config {
   kvt_log_fn log_fn;         /* (NULL) */
   void *log_ctx;             /* passed to log_fn (NULL) */
   int log_level;             /* KVT_LOG_* or KVT_LOG_NONE (KVT_LOG_WARN) */
+
+  /* Remote tier (T3): a Redis server or Redis Cluster (Valkey alike) that
+   * every cache pointing at it shares, below disk (below host without a
+   * disk tier). Needs a host tier (host_blocks > 0): remote blocks stage
+   * through it. What reaches it: a block leaving the host (evicted: spilled
+   * to disk and put to the remote; without disk, put), or every block that
+   * reaches the host with KVT_WRITE_THROUGH. What comes back: lookups,
+   * plans and kvt_acquire probe the remote for the blocks after the local
+   * prefix (one pipelined round trip), kvt_acquire and kvt_prefetch fetch
+   * remote hits into host slots (and write them to disk on the way up).
+   * Keys are "<remote_key_prefix><namespace>:<block key>" (hex): caches of
+   * different models never alias. Values are the disk's self-checking
+   * records; nothing read back is trusted (namespace, key, parent, tokens
+   * and checksums are verified; a bad or foreign value is a counted miss).
+   * kvt_register_layout connects: an unreachable server is not an error
+   * (the tier starts degraded, is logged, and comes back by itself, with
+   * backoff), refused credentials are (KVT_EAUTH), a malformed URL is
+   * -EINVAL, a build without hiredis says KVT_EUNSUPPORTED. A cache with a
+   * metadata-only layout has no bytes to share and ignores the remote tier.
+   * The server's maxmemory policy evicts; kvtier keeps no remote index,
+   * only a short-lived negative cache of keys found absent. */
+  /* "redis://[user[:password]@]host:port[,host:port...]": one server, or
+   * seed nodes of a cluster (the scheme may be omitted; "valkey://" too).
+   * NULL: no remote tier (the default). Copied by kvt_open. */
+  const char *remote_url;
+  const char *remote_user;       /* ACL user (NULL: the URL's, else "default") */
+  /* AUTH password (NULL: the URL's, else none). Copied by kvt_open, wiped
+   * from memory at kvt_close; never in stats, metrics or log lines (URLs
+   * are logged with the password masked). */
+  const char *remote_password;
+  const char *remote_key_prefix; /* (NULL: "kvt:") */
+  uint32_t remote_timeout_ms;    /* connect and every round trip (0: 2000) */
+  uint32_t remote_conns_per_node;/* connections per server node (0: 2; at most 64) */
+  uint32_t remote_negative_ms;   /* how long a key found absent is not asked again (0: 1000) */
 } kvt_config;
 
 /* Size of each struct's first version: the smallest `size` accepted. */
@@ -390,7 +429,7 @@ KVT_API int kvt_keys_from_opaque(const kvt_cache *c, const void *opaque, size_t 
 /* Read path: lookup, plan, acquire                                    */
 /* ------------------------------------------------------------------ */
 
-enum { KVT_TIER_DEVICE = 0, KVT_TIER_HOST = 1, KVT_TIER_DISK = 2, KVT_TIER_NONE = 255 };
+enum { KVT_TIER_DEVICE = 0, KVT_TIER_HOST = 1, KVT_TIER_DISK = 2, KVT_TIER_REMOTE = 3, KVT_TIER_NONE = 255 };
 
 typedef struct kvt_lookup_result {
   uint32_t size;     /* sizeof(kvt_lookup_result); the caller sets it */
@@ -398,12 +437,20 @@ typedef struct kvt_lookup_result {
   uint32_t n_prefix; /* longest prefix cached in some tier */
   /* The prefix's blocks counted by the fastest tier holding each. */
   uint32_t n_device, n_host, n_disk;
+  /* Appended: blocks of the prefix found only on the remote tier (after
+   * the local ones: a remote probe extends the local prefix). A probe says
+   * a key is stored; the fetch still verifies it, so a remote block may
+   * turn out a miss at kvt_acquire. */
+  uint32_t n_remote;
 } kvt_lookup_result;
 #define KVT_LOOKUP_RESULT_SIZE_V1 (offsetof(kvt_lookup_result, n_disk) + sizeof(uint32_t))
 
 /* Longest cached prefix of keys[0..n), split by tier. No side effects: it
  * neither pins nor touches, so a scheduler may ask again later. Optional
- * tier_of_block[n] receives KVT_TIER_* per block (NONE after the prefix). */
+ * tier_of_block[n] receives KVT_TIER_* per block (NONE after the prefix).
+ * With a remote tier, the keys after the local prefix are asked of the
+ * remote (one round trip, at most remote_timeout_ms; skipped for a key
+ * found absent within remote_negative_ms): may block that long. */
 KVT_API int kvt_lookup(kvt_cache *c, const kvt_key *keys, size_t n, kvt_lookup_result *res,
                        uint8_t *tier_of_block);
 
@@ -429,6 +476,7 @@ typedef struct kvt_acquire_info {
   uint32_t n_device_hits;/* of which already on the device (no copy) */
   uint32_t n_loading;    /* of which copied from host or disk */
   uint32_t n_from_disk;  /* of which fetched from disk first */
+  uint32_t n_from_remote;/* appended: of which fetched from the remote tier first */
 } kvt_acquire_info;
 #define KVT_ACQUIRE_INFO_SIZE_V1 (offsetof(kvt_acquire_info, n_from_disk) + sizeof(uint32_t))
 
@@ -446,6 +494,14 @@ typedef struct kvt_acquire_info {
  * waits for disk reads: blocks restored from disk are read by kvtier's
  * progress thread, in batches, after the call has returned 1, and their
  * device copies start chunk by chunk as the reads land.
+ * With a remote tier, the keys of the restore range after the local chain
+ * are asked of the remote first (one round trip, bounded by
+ * remote_timeout_ms, none for a key found absent lately); the remote hits
+ * are fetched like disk blocks (through host slots, in the background) and
+ * verified: a block that fails (gone, corrupt, foreign, timed out, the
+ * server down) becomes a miss, and the request computes from there
+ * (kvt_request_block_states: FAILED). Fetched blocks are written to disk
+ * on the way up when there is a disk tier.
  * Returns 0 (nothing to load), 1 (loads in flight: kvt_request_wait), or
  * KVT_ENOSPACE when the device tier cannot free enough unpinned slots. */
 KVT_API int kvt_acquire(kvt_cache *c, const kvt_key *keys, const uint32_t *tokens, size_t n_blocks,
@@ -538,7 +594,9 @@ typedef uint64_t kvt_job;
 KVT_API int kvt_store(kvt_cache *c, const kvt_key *keys, size_t n, uint32_t flags, kvt_job *job);
 
 /* Promotes the disk-resident blocks of keys' cached prefix to the host tier
- * ahead of the request's turn (the scheduler's hint). Never waits: when the
+ * ahead of the request's turn (the scheduler's hint); with a remote tier,
+ * also the blocks after the local chain that the remote holds (asked in
+ * one round trip: the only wait). Never waits for reads: when the
  * host must first spill to make room, the spills are started and
  * KVT_EAGAIN is returned (ask again); KVT_EAGAIN too when every job slot is
  * busy (nothing is dropped then). 0 nothing to do, 1 with *job. */
@@ -611,6 +669,27 @@ typedef struct kvt_stats {
    * the new end, and records that did not fit (dropped). */
   uint64_t disk_resize_moved, disk_resize_dropped;
   uint64_t disk_recover_bytes; /* bytes read from the disk tier to recover it */
+  /* Remote tier (all 0 without one). Blocks restored from it for
+   * kvt_acquire (a failed fetch moves its block to misses, as for disk). */
+  uint64_t hits_remote;
+  uint64_t blocks_remote2h, bytes_remote2h; /* fetches that landed on the host, verified */
+  uint64_t blocks_h2remote, bytes_h2remote; /* puts the server acknowledged */
+  uint64_t remote_probes, remote_probe_blocks; /* existence round trips, keys asked */
+  uint64_t remote_negative_hits; /* probes skipped: the key was found absent lately */
+  uint64_t remote_misses;   /* fetches of a key the server no longer holds (evicted) */
+  uint64_t remote_corrupt;  /* values that failed their checks: garbage, truncated, another namespace's */
+  uint64_t remote_errors;   /* fetches and puts that failed: node down, reset, degraded */
+  uint64_t remote_timeouts; /* fetches and puts past remote_timeout_ms */
+  uint64_t remote_put_refused; /* puts the server refused for memory (maxmemory) */
+  uint64_t remote_reconnects; /* the tier came back after being unreachable */
+  /* Blocks that left the host without a put: puts are best effort; while
+   * a quarter of max_jobs are putting (a slow server) the next puts gather
+   * in one job of up to max_job_blocks, and past that are skipped. */
+  uint64_t remote_puts_skipped;
+  uint32_t remote_nodes;    /* server nodes known (1 for one server) */
+  uint32_t remote_nodes_degraded; /* of which failing now (ops for them fail at once until backoff ends) */
+  uint32_t remote_degraded; /* 1: unreachable or some node degraded: its blocks are misses for now */
+  uint32_t remote_cluster;  /* 1: a Redis Cluster, 0: one server */
 } kvt_stats;
 #define KVT_STATS_SIZE_V1 offsetof(kvt_stats, jobs_cancelled)
 
@@ -709,7 +788,9 @@ KVT_API void kvt_batch_init(kvt_batch *b);
  * KVT_TIER_NONE after the prefix. Blocks still being stored do not count.
  * No side effects (no pin, no LRU touch): ask again as often as you like.
  * Returns 0, -EINVAL, KVT_EVERSION (res->size), KVT_ELAYOUT. Does not block
- * on I/O (takes the metadata lock). */
+ * on I/O (takes the metadata lock), except that with a remote tier the keys
+ * after the local prefix are asked of the remote (as kvt_lookup: one round
+ * trip; they count as KVT_TIER_REMOTE, n_remote). */
 KVT_API int kvt_exists(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, size_t n, uint32_t flags,
                        kvt_lookup_result *res, uint8_t *tier_of_block);
 
@@ -733,14 +814,23 @@ KVT_API int kvt_put_from(kvt_cache *c, const kvt_batch *b, kvt_job *job);
  * record that failed is dropped). A block whose result is not 0 may have
  * had any bytes written into its pieces (the straight path reads the file
  * into them before the checksum can be verified): treat its memory as
- * garbage. Returns 1 with *job, or the errors of kvt_put_from. Does not
- * block. */
+ * garbage. With a remote tier the blocks after the
+ * local chain that the remote holds (asked in one round trip, the call's
+ * only wait) are fetched by the workers into their staging records and
+ * verified (namespace, key, parent, tokens, checksums) before they reach
+ * the engine's memory; a remote block that fails is that block's error
+ * (KVT_EMISS gone, KVT_ECORRUPT / KVT_EMISMATCH bad or foreign value,
+ * KVT_EREMOTE / KVT_ETIMEDOUT server down or slow). Puts feed the remote as
+ * owner mode's blocks do: when they leave the host tier. Returns 1 with
+ * *job, or the errors of kvt_put_from. */
 KVT_API int kvt_get_into(kvt_cache *c, const kvt_batch *b, kvt_job *job);
 
 /* Removes keys[0..n) from every tier (a disk record is tombstoned so a
- * restart does not bring it back). Blocks in use by a job in flight are
- * kept. *n_removed (may be NULL) receives how many were removed. May block
- * (the tombstone writes). */
+ * restart does not bring it back; a remote tier is asked to delete them,
+ * best effort and in the background: a node that is down keeps its copy,
+ * which the store's own eviction takes in time). Blocks in use by a job in
+ * flight are kept. *n_removed (may be NULL) receives how many were removed
+ * locally. May block (the tombstone writes). */
 KVT_API int kvt_remove(kvt_cache *c, const kvt_key *keys, size_t n, size_t *n_removed);
 
 /* A storage job: 1 while in flight, else 0 (every block landed or was

@@ -84,6 +84,7 @@ class Tier(enum.IntEnum):
     DEVICE = 0
     HOST = 1
     DISK = 2
+    REMOTE = 3   # only on the remote tier (a Config with remote_url)
     NONE = 255
 
 

@@ -50,6 +50,13 @@ typedef struct kvt_config {
   kvt_log_fn log_fn;
   void *log_ctx;
   int log_level;
+  const char *remote_url;
+  const char *remote_user;
+  const char *remote_password;
+  const char *remote_key_prefix;
+  uint32_t remote_timeout_ms;
+  uint32_t remote_conns_per_node;
+  uint32_t remote_negative_ms;
 } kvt_config;
 void kvt_config_init(kvt_config *cfg);
 
@@ -82,6 +89,7 @@ int kvt_keys_from_opaque(const kvt_cache *c, const void *opaque, size_t key_byte
 typedef struct kvt_lookup_result {
   uint32_t size; uint32_t n_blocks; uint32_t n_prefix;
   uint32_t n_device, n_host, n_disk;
+  uint32_t n_remote;
 } kvt_lookup_result;
 int kvt_lookup(kvt_cache *c, const kvt_key *keys, size_t n, kvt_lookup_result *res,
                uint8_t *tier_of_block);
@@ -117,6 +125,7 @@ typedef struct kvt_hw_desc {
   kvt_link device_host;
   kvt_link host_disk;
   int overlap;
+  kvt_link host_remote;
 } kvt_hw_desc;
 void kvt_hw_init(kvt_hw_desc *hw);
 
@@ -140,10 +149,15 @@ typedef struct kvt_plan {
   kvt_link in_device_host, in_host_disk;
   uint64_t in_kv_bytes_per_token;
   int in_overlap;
+  uint32_t n_remote;
+  uint64_t bytes_from_remote;
+  kvt_link in_host_remote;
 } kvt_plan;
 double kvt_cost_recompute_flops(const kvt_model_desc *m, uint64_t from, uint64_t to, double *linear);
 double kvt_cost_compute_s(const kvt_model_desc *m, const kvt_hw_desc *hw, uint64_t from, uint64_t to);
 double kvt_cost_transfer_s(const kvt_hw_desc *hw, uint64_t host_bytes, uint64_t disk_bytes);
+double kvt_cost_transfer3_s(const kvt_hw_desc *hw, uint64_t host_bytes, uint64_t disk_bytes,
+                            uint64_t remote_bytes);
 int kvt_cost_plan(const kvt_model_desc *m, const kvt_hw_desc *hw, uint32_t block_tokens,
                   uint64_t n_tokens, uint32_t n_prefix, const uint8_t *tier_of_block, kvt_plan *plan);
 int kvt_cost_breakeven(const kvt_model_desc *m, const kvt_hw_desc *hw, uint64_t n_tokens,
@@ -155,6 +169,7 @@ int kvt_plan_request(kvt_cache *c, const kvt_key *keys, size_t n_blocks, size_t 
 typedef uint64_t kvt_req;
 typedef struct kvt_acquire_info {
   uint32_t size; uint32_t n_restore; uint32_t n_device_hits; uint32_t n_loading; uint32_t n_from_disk;
+  uint32_t n_from_remote;
 } kvt_acquire_info;
 int kvt_acquire(kvt_cache *c, const kvt_key *keys, const uint32_t *tokens, size_t n_blocks,
                 size_t restore, size_t extra_slots, uint32_t flags, kvt_req *req,
@@ -204,6 +219,22 @@ typedef struct kvt_stats {
   uint64_t disk_fresh_starts;
   uint64_t disk_resize_moved, disk_resize_dropped;
   uint64_t disk_recover_bytes;
+  uint64_t hits_remote;
+  uint64_t blocks_remote2h, bytes_remote2h;
+  uint64_t blocks_h2remote, bytes_h2remote;
+  uint64_t remote_probes, remote_probe_blocks;
+  uint64_t remote_negative_hits;
+  uint64_t remote_misses;
+  uint64_t remote_corrupt;
+  uint64_t remote_errors;
+  uint64_t remote_timeouts;
+  uint64_t remote_put_refused;
+  uint64_t remote_reconnects;
+  uint64_t remote_puts_skipped;
+  uint32_t remote_nodes;
+  uint32_t remote_nodes_degraded;
+  uint32_t remote_degraded;
+  uint32_t remote_cluster;
 } kvt_stats;
 int kvt_get_stats(kvt_cache *c, kvt_stats *st);
 

@@ -29,7 +29,7 @@ void kvt__calib_init(kvt__calib *c, const kvt_model_desc *m, const kvt_hw_desc *
     kvt_hw_init(&c->nominal);
   const kvt_hw_desc *n = &c->nominal;
   c->s_per_flop = inverse(n->num_gpus * n->flops_per_gpu * n->mfu);
-  const kvt_link *links[KVT_CALIB_NPATHS] = {&n->device_host, &n->host_disk};
+  const kvt_link *links[KVT_CALIB_NPATHS] = {&n->device_host, &n->host_disk, &n->host_remote};
   for (int i = 0; i < KVT_CALIB_NPATHS; i++) {
     c->path[i].s_per_byte = inverse(links[i]->bytes_per_s);
     double lat = links[i]->latency_s;
@@ -82,7 +82,7 @@ void kvt__calib_hw(const kvt__calib *c, kvt_hw_desc *out) {
   *out = c->nominal;
   double peak = out->num_gpus * out->flops_per_gpu;
   if (c->s_per_flop > 0 && peak > 0) out->mfu = 1.0 / (c->s_per_flop * peak);
-  kvt_link *links[KVT_CALIB_NPATHS] = {&out->device_host, &out->host_disk};
+  kvt_link *links[KVT_CALIB_NPATHS] = {&out->device_host, &out->host_disk, &out->host_remote};
   for (int i = 0; i < KVT_CALIB_NPATHS; i++) {
     if (c->path[i].s_per_byte > 0) links[i]->bytes_per_s = 1.0 / c->path[i].s_per_byte;
     links[i]->latency_s = c->path[i].latency_s;

@@ -23,7 +23,8 @@
 /* Transfer paths (kvt__calib_observe_transfer's `path`). */
 #define KVT_CALIB_DEVICE_HOST 0 /* either direction across PCIe */
 #define KVT_CALIB_HOST_DISK 1   /* either direction to or from the disk tier */
-#define KVT_CALIB_NPATHS 2
+#define KVT_CALIB_HOST_REMOTE 2 /* fetches from the remote tier into the host */
+#define KVT_CALIB_NPATHS 3
 
 /* EWMA weight of one full-weight sample. */
 #define KVT_CALIB_ALPHA 0.2

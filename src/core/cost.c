@@ -146,6 +146,18 @@ void kvt_hw_init(kvt_hw_desc *hw) {
   hw->device_host = (kvt_link){.bytes_per_s = 24e9, .latency_s = 10e-6};
   hw->host_disk = (kvt_link){.bytes_per_s = 6.5e9, .latency_s = 100e-6};
   hw->overlap = 1;
+  hw->host_remote = (kvt_link){.bytes_per_s = 1.25e9, .latency_s = 500e-6};
+}
+
+/* A description of any accepted version, grown to this one (the remote
+ * link of a first-version caller takes its default). */
+static const kvt_hw_desc *hw_full(const kvt_hw_desc *hw, kvt_hw_desc *tmp) {
+  if (!hw || hw->size >= sizeof *hw) return hw;
+  if (hw->size < KVT_HW_DESC_SIZE_V1) return NULL;
+  kvt_hw_init(tmp);
+  memcpy(tmp, hw, hw->size);
+  tmp->size = sizeof *tmp;
+  return tmp;
 }
 
 static int pos_finite(double x) { return x > 0 && !isinf(x); }
@@ -156,7 +168,8 @@ static int link_valid(const kvt_link *l) {
 
 static int hw_valid(const kvt_hw_desc *hw) {
   return hw && hw->size >= sizeof *hw && hw->num_gpus > 0 && pos_finite(hw->flops_per_gpu) &&
-         pos_finite(hw->mfu) && link_valid(&hw->device_host) && link_valid(&hw->host_disk);
+         pos_finite(hw->mfu) && link_valid(&hw->device_host) && link_valid(&hw->host_disk) &&
+         link_valid(&hw->host_remote);
 }
 
 static double flops_per_s(const kvt_hw_desc *hw) { return hw->num_gpus * hw->flops_per_gpu * hw->mfu; }
@@ -165,14 +178,29 @@ static double link_s(const kvt_link *l, uint64_t bytes) {
   return bytes ? l->latency_s + (double)bytes / l->bytes_per_s : 0;
 }
 
-double kvt_cost_compute_s(const kvt_model_desc *m, const kvt_hw_desc *hw, uint64_t from, uint64_t to) {
+double kvt_cost_compute_s(const kvt_model_desc *m, const kvt_hw_desc *hw_in, uint64_t from, uint64_t to) {
+  kvt_hw_desc tmp;
+  const kvt_hw_desc *hw = hw_full(hw_in, &tmp);
   if (!hw_valid(hw)) return 0;
   return kvt_cost_recompute_flops(m, from, to, NULL) / flops_per_s(hw);
 }
 
 double kvt_cost_transfer_s(const kvt_hw_desc *hw, uint64_t host_bytes, uint64_t disk_bytes) {
+  return kvt_cost_transfer3_s(hw, host_bytes, disk_bytes, 0);
+}
+
+/* Disk and remote reads run side by side into host slots: the slower one counts. */
+static double fetch_s(const kvt_hw_desc *hw, uint64_t disk_bytes, uint64_t remote_bytes) {
+  double d = link_s(&hw->host_disk, disk_bytes), r = link_s(&hw->host_remote, remote_bytes);
+  return d > r ? d : r;
+}
+
+double kvt_cost_transfer3_s(const kvt_hw_desc *hw_in, uint64_t host_bytes, uint64_t disk_bytes,
+                            uint64_t remote_bytes) {
+  kvt_hw_desc tmp;
+  const kvt_hw_desc *hw = hw_full(hw_in, &tmp);
   if (!hw_valid(hw)) return 0;
-  return link_s(&hw->host_disk, disk_bytes) + link_s(&hw->device_host, host_bytes + disk_bytes);
+  return fetch_s(hw, disk_bytes, remote_bytes) + link_s(&hw->device_host, host_bytes + disk_bytes + remote_bytes);
 }
 
 /* TTFT of a plan from its parts (the formula in cost.h at kvt_plan): the
@@ -192,36 +220,42 @@ static double ttft(const kvt_model_desc *m, const kvt_hw_desc *hw, double disk_s
 /* Estimates of one candidate k, from the counts of host and disk blocks in [0, k). */
 typedef struct candidate {
   double ttft, transfer, compute;
-  uint64_t host_bytes, disk_bytes;
+  uint64_t host_bytes, disk_bytes, remote_bytes;
 } candidate;
 
 static candidate evaluate(const kvt_model_desc *m, const kvt_hw_desc *hw, uint64_t block_bytes,
-                          uint64_t from_token, uint64_t n_tokens, uint64_t n_host, uint64_t n_disk) {
+                          uint64_t from_token, uint64_t n_tokens, uint64_t n_host, uint64_t n_disk,
+                          uint64_t n_remote) {
   candidate c;
   c.host_bytes = n_host * block_bytes;
   c.disk_bytes = n_disk * block_bytes;
-  double disk_s = link_s(&hw->host_disk, c.disk_bytes);
-  double pcie_s = link_s(&hw->device_host, c.host_bytes + c.disk_bytes);
+  c.remote_bytes = n_remote * block_bytes;
+  double disk_s = fetch_s(hw, c.disk_bytes, c.remote_bytes);
+  double pcie_s = link_s(&hw->device_host, c.host_bytes + c.disk_bytes + c.remote_bytes);
   c.compute = kvt_cost_recompute_flops(m, from_token, n_tokens, NULL) / flops_per_s(hw);
   c.transfer = disk_s + pcie_s;
   c.ttft = ttft(m, hw, disk_s, pcie_s, c.compute);
   return c;
 }
 
-int kvt_cost_plan(const kvt_model_desc *m, const kvt_hw_desc *hw, uint32_t block_tokens,
-                  uint64_t n_tokens, uint32_t n_prefix, const uint8_t *tier_of_block, kvt_plan *plan) {
-  if (!plan || plan->size < sizeof *plan || !model_valid(m) || !hw_valid(hw) || block_tokens == 0 ||
+int kvt_cost_plan(const kvt_model_desc *m, const kvt_hw_desc *hw_in, uint32_t block_tokens,
+                  uint64_t n_tokens, uint32_t n_prefix, const uint8_t *tier_of_block, kvt_plan *out) {
+  kvt_hw_desc tmp;
+  const kvt_hw_desc *hw = hw_full(hw_in, &tmp);
+  kvt_plan full, *plan = &full;
+  if (!out || out->size < KVT_PLAN_SIZE_V1 || !model_valid(m) || !hw_valid(hw) || block_tokens == 0 ||
       n_tokens == 0 || (n_prefix > 0 && !tier_of_block))
     return -EINVAL;
   uint64_t n_blocks = n_tokens / block_tokens;
   if (n_blocks > UINT32_MAX || n_prefix > n_blocks) return -EINVAL;
 
-  uint32_t n_dev = 0, n_host = 0, n_disk = 0, lead = 0;
+  uint32_t n_dev = 0, n_host = 0, n_disk = 0, n_remote = 0, lead = 0;
   for (uint32_t i = 0; i < n_prefix; i++) {
     switch (tier_of_block[i]) {
     case KVT_TIER_DEVICE: n_dev++; if (lead == i) lead = i + 1; break;
     case KVT_TIER_HOST: n_host++; break;
     case KVT_TIER_DISK: n_disk++; break;
+    case KVT_TIER_REMOTE: n_remote++; break;
     default: return -EINVAL;
     }
   }
@@ -233,22 +267,24 @@ int kvt_cost_plan(const kvt_model_desc *m, const kvt_hw_desc *hw, uint32_t block
   uint64_t block_bytes = (uint64_t)block_tokens * kvt_model_kv_bytes_per_token(m);
   /* k below the device lead only adds compute: start there. One pass with
    * running counts (the prefix sums) keeps the search O(n_prefix). */
-  uint64_t h = 0, d = 0;
-  candidate best = evaluate(m, hw, block_bytes, (uint64_t)lead * block_tokens, n_tokens, 0, 0);
+  uint64_t h = 0, d = 0, r = 0;
+  candidate best = evaluate(m, hw, block_bytes, (uint64_t)lead * block_tokens, n_tokens, 0, 0, 0);
   candidate lead_c = best, c = best;
   uint32_t best_k = lead;
   for (uint32_t k = lead + 1; k <= usable; k++) {
     uint8_t t = tier_of_block[k - 1];
     h += t == KVT_TIER_HOST;
     d += t == KVT_TIER_DISK;
-    c = evaluate(m, hw, block_bytes, (uint64_t)k * block_tokens, n_tokens, h, d);
+    r += t == KVT_TIER_REMOTE;
+    c = evaluate(m, hw, block_bytes, (uint64_t)k * block_tokens, n_tokens, h, d, r);
     if (c.ttft < best.ttft) {
       best = c;
       best_k = k;
     }
   }
 
-  memset((char *)plan + sizeof plan->size, 0, sizeof *plan - sizeof plan->size);
+  memset(plan, 0, sizeof *plan);
+  plan->size = sizeof *plan;
   plan->block_tokens = block_tokens;
   plan->n_tokens = n_tokens;
   plan->n_blocks = (uint32_t)n_blocks;
@@ -273,11 +309,20 @@ int kvt_cost_plan(const kvt_model_desc *m, const kvt_hw_desc *hw, uint32_t block
   plan->in_host_disk = hw->host_disk;
   plan->in_kv_bytes_per_token = kvt_model_kv_bytes_per_token(m);
   plan->in_overlap = hw->overlap;
+  plan->n_remote = n_remote;
+  plan->bytes_from_remote = best.remote_bytes;
+  plan->in_host_remote = hw->host_remote;
+  /* An older caller's smaller plan gets the fields it knows. */
+  size_t n = out->size < sizeof full ? out->size : sizeof full;
+  memcpy(out, &full, n);
+  out->size = (uint32_t)n;
   return 0;
 }
 
-int kvt_cost_breakeven(const kvt_model_desc *m, const kvt_hw_desc *hw, uint64_t n_tokens,
+int kvt_cost_breakeven(const kvt_model_desc *m, const kvt_hw_desc *hw_in, uint64_t n_tokens,
                        uint64_t cached_tokens, double *bytes_per_s) {
+  kvt_hw_desc tmp;
+  const kvt_hw_desc *hw = hw_full(hw_in, &tmp);
   if (!bytes_per_s || !model_valid(m) || !hw_valid(hw) || n_tokens == 0 || cached_tokens > n_tokens)
     return -EINVAL;
   uint64_t k = cached_tokens < n_tokens ? cached_tokens : n_tokens - 1;

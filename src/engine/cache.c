@@ -60,7 +60,17 @@ static int config_ok(const kvt_config *cfg) {
   if (cfg->disk_queue_depth == 0 || cfg->disk_queue_depth > MAX_QUEUE_DEPTH) return 0;
   if (cfg->disk_blocks > UINT32_MAX - 1 || cfg->host_blocks > UINT32_MAX - 1) return 0;
   if (cfg->log_level < KVT_LOG_NONE || cfg->log_level > KVT_LOG_INFO) return 0;
+  if (cfg->remote_url && (!cfg->remote_url[0] || cfg->host_blocks == 0)) return 0; /* remote blocks stage through the host */
+  if (cfg->remote_conns_per_node > 64) return 0;
   return 1;
+}
+
+/* The password leaves memory with the cache. */
+static void wipe_free(char *s) {
+  if (!s) return;
+  volatile char *v = s;
+  while (*v) *v++ = 0;
+  free(s);
 }
 
 /* Test hook: KVT_FAULT_ALLOC makes the allocation numbered `what` fail. */
@@ -104,6 +114,22 @@ int kvt_open(const kvt_config *user, kvt_cache **out) {
   }
   c->cfg.model_fingerprint = c->model_fp;
   c->cfg.disk_path = c->disk_path;
+  c->remote_url = dup_or_fault(KVT_ALLOC_OPEN_REMOTE, cfg->remote_url);
+  c->remote_user = dup_or_fault(KVT_ALLOC_OPEN_REMOTE, cfg->remote_user);
+  c->remote_password = dup_or_fault(KVT_ALLOC_OPEN_REMOTE, cfg->remote_password);
+  c->remote_prefix = dup_or_fault(KVT_ALLOC_OPEN_REMOTE, cfg->remote_key_prefix);
+  if ((cfg->remote_url && !c->remote_url) || (cfg->remote_user && !c->remote_user) ||
+      (cfg->remote_password && !c->remote_password) || (cfg->remote_key_prefix && !c->remote_prefix)) {
+    kvt_close(c);
+    return -ENOMEM;
+  }
+  /* The cache's copy of the config points at its own strings, never the
+   * caller's; the password is reachable only through c->remote_password. */
+  c->cfg.remote_url = c->remote_url;
+  c->cfg.remote_user = c->remote_user;
+  c->cfg.remote_password = NULL;
+  c->cfg.remote_key_prefix = c->remote_prefix;
+  c->rput_building = KVT__NONE;
   c->bt = cfg->block_tokens;
   c->log = (kvt__log_sink){cfg->log_fn, cfg->log_ctx, cfg->log_level};
   c->st.size = sizeof c->st;
@@ -389,6 +415,7 @@ int kvt_register_layout(kvt_cache *c, const kvt_layout *user) {
   if (rc < 0 && !c->detail[0]) set_detail(c, "tables and host pool: %s", kvt_strerror(rc));
   if (rc == 0) rc = open_disk(c);
   if (rc == 0 && c->storage_mode) rc = kvt__storage_init(c);
+  if (rc == 0) rc = kvt__rtier_open(c); /* after the disk: an unreachable server is a degraded tier, not a failure */
   kvt__log_scope(NULL);
   if (rc < 0 && !c->detail[0]) set_detail(c, "disk_path %s: %s", c->disk_path, kvt_strerror(rc));
   if (rc < 0) {
@@ -425,6 +452,7 @@ void kvt_close(kvt_cache *c) {
   if (c->jobs) kvt_drain(c);
   kvt__storage_fini(c); /* waits for storage jobs in flight */
   kvt__progress_stop(c);
+  kvt__rtier_close(c); /* nothing is in flight on it after the drain */
   kvt__events_flush_final(c);
   if (c->disk) kvt__disk_close(c->disk);
   kvt__jobs_fini(c);
@@ -442,6 +470,10 @@ void kvt_close(kvt_cache *c) {
   free(c->segments);
   free(c->model_fp);
   free(c->disk_path);
+  free(c->remote_url);
+  free(c->remote_user);
+  wipe_free(c->remote_password);
+  free(c->remote_prefix);
   pthread_mutex_destroy(&c->lock);
   pthread_cond_destroy(&c->cond);
   free(c);
@@ -516,6 +548,7 @@ int kvt_get_stats(kvt_cache *c, kvt_stats *out) {
   st.resident_disk = c->cap[2] - c->slots[2].n_free;
   st.metadata_bytes = metadata_bytes(c);
   pthread_mutex_unlock(&c->lock);
+  kvt__rtier_stats(c, &st);
   st.size = sizeof st;
   return kvt__struct_out(out, &st, sizeof st, KVT_STATS_SIZE_V1);
 }
@@ -535,8 +568,8 @@ int kvt_set_cost_model(kvt_cache *c, const kvt_model_desc *user_model, const kvt
   if (!model->num_layers || hw->num_gpus == 0 || !(isfinite(hw->flops_per_gpu) && hw->flops_per_gpu > 0) ||
       !(isfinite(hw->mfu) && hw->mfu > 0))
     return -EINVAL;
-  const kvt_link *links[2] = {&hw->device_host, &hw->host_disk};
-  for (int i = 0; i < 2; i++)
+  const kvt_link *links[3] = {&hw->device_host, &hw->host_disk, &hw->host_remote};
+  for (int i = 0; i < 3; i++)
     if (!(isfinite(links[i]->bytes_per_s) && links[i]->bytes_per_s > 0) ||
         !(isfinite(links[i]->latency_s) && links[i]->latency_s >= 0))
       return -EINVAL;

@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "core/calib.h"
+#include "core/hash.h"
 #include "core/index.h"
 #include "dev/dev.h"
 #include "engine/metrics.h"
@@ -22,15 +23,20 @@
 #include "util/log.h"
 
 enum { KVT__T_DEV = 0, KVT__T_HOST = 1, KVT__T_DISK = 2 };
+/* The remote tier has no slots and no place in the tier map (the store
+ * evicts on its own): a remote block is one the engine found there by a
+ * probe, and becomes an entry only once it is fetched into a host slot. */
+#define KVT__T_REMOTE 3
 
-/* Job kinds: the path they move blocks on. */
-enum { KVT__JOB_STORE = 1, KVT__JOB_LOAD, KVT__JOB_SPILL, KVT__JOB_FETCH };
+/* Job kinds: the path they move blocks on. RPUT: host slots to the remote. */
+enum { KVT__JOB_STORE = 1, KVT__JOB_LOAD, KVT__JOB_SPILL, KVT__JOB_FETCH, KVT__JOB_RPUT };
 
 #define KVT__JF_EVICT 0x1u   /* drop the source copy once the copy landed */
 #define KVT__JF_USER 0x2u    /* an engine handle refers to the job */
 #define KVT__JF_LOAD_AFTER 0x4u /* a request load: FETCH phase, then LOAD */
 #define KVT__JF_DEMOTE 0x8u  /* an eviction's demotion: the slot is freed even if the copy fails */
 #define KVT__JF_CANCEL 0x10u /* cancelled: completions discard what the copies did */
+#define KVT__JF_RPUT 0x20u   /* a spill whose blocks then go on to the remote (eviction, write-through) */
 
 struct kvt__job;
 
@@ -43,6 +49,8 @@ typedef struct kvt__op {
   int status;
   uint8_t from_disk;  /* request loads: fetched from disk before the load */
   uint8_t landed;     /* request loads: on the host (read over, or a host hit); status says how */
+  uint8_t remote;     /* its I/O is with the remote tier (a get for loads and fetches, a put for RPUT) */
+  uint8_t evict;      /* RPUT: the host copy leaves once the put is over (counted in freeing) */
   uint64_t tok_sum;   /* XXH3_64 of the request's tokens, 0 = unknown (fetch verify) */
 } kvt__op;
 
@@ -68,6 +76,8 @@ typedef struct kvt__job {
    * from disk_next when completions free some (the progress thread). */
   uint8_t disk_started;
   uint32_t disk_next, disk_sent, disk_total;
+  uint32_t remote_total;   /* of disk_total: remote ops, handed to the client first */
+  uint8_t remote_handed;
   /* Streamed restores: ops [0, copy_next) have their device copy submitted
    * in chunks (kvt__xchunk) while later reads are in flight; ops
    * [copy_next, scan) have landed; the job's own xfer copies the rest. */
@@ -205,6 +215,22 @@ struct kvt_cache {
   kvt__calib calib;
   int have_cost;
 
+  /* The remote tier (remote_tier.c): the client once connected (set once,
+   * never cleared before kvt_close), the copied strings, a thread that
+   * retries the connection while the server is unreachable, and the
+   * negative cache of keys found absent. */
+  _Atomic(struct kvt__remote *) remote;
+  int remote_on;           /* a remote tier is configured for this cache */
+  char *remote_url, *remote_user, *remote_password, *remote_prefix;
+  pthread_mutex_t rlock;   /* the negative cache, probe counters and the retry thread; after c->lock */
+  pthread_cond_t rcond;
+  int rlock_ready, rthread_running, rthread_stop;
+  pthread_t rthread;
+  struct kvt__rneg *rneg;  /* negative cache: KVT__RNEG_SLOTS, direct mapped */
+  uint64_t r_probes, r_probe_blocks, r_neg_hits, r_reconnects; /* rlock */
+  uint32_t rput_building;  /* RPUT job gathering puts during a progress step, or KVT__NONE (c->lock) */
+  uint32_t rput_jobs;      /* RPUT jobs submitted, not finished (c->lock): at most a quarter of the pool */
+
   kvt_stats st;
   kvt__metrics metrics; /* engine/metrics.h: atomics, no lock */
   kvt__log_sink log;    /* where this cache's messages go (from the config) */
@@ -279,6 +305,41 @@ int kvt__make_room(kvt_cache *c, int tier, uint32_t need, int may_wait);
 int kvt__storage_layout_ok(kvt_cache *c, const kvt_layout *l);
 int kvt__storage_init(kvt_cache *c);  /* at the end of kvt_register_layout */
 void kvt__storage_fini(kvt_cache *c); /* in kvt_close, after kvt_drain; NULL storage is fine */
+
+/* remote_tier.c: the remote tier T3. */
+struct kvt__remote;
+/* At kvt_register_layout (namespace known): connects, or starts the retry
+ * thread when the server is unreachable. 0, KVT_EAUTH, -EINVAL, -ENOMEM. */
+int kvt__rtier_open(kvt_cache *c);
+void kvt__rtier_close(kvt_cache *c); /* kvt_close, after the drain */
+/* The client, or NULL (no remote tier, or not reachable yet). Any thread. */
+static inline struct kvt__remote *kvt__rtier(kvt_cache *c) {
+  return atomic_load_explicit(&c->remote, memory_order_acquire);
+}
+/* Leading keys of keys[0..n) the remote holds (c->lock NOT held): a round
+ * trip per KVT__RPROBE_MAX keys while all are there, none when keys[0]
+ * was found absent lately. */
+#define KVT__RPROBE_MAX 256u
+uint32_t kvt__rtier_probe(kvt_cache *c, const kvt_key *keys, size_t n);
+/* Remote blocks after a local prefix of p: how many of keys[p..n) the
+ * remote holds, leading (0 without a remote tier; lock NOT held). */
+uint32_t kvt__rtier_after(kvt_cache *c, const kvt_key *keys, size_t n, uint32_t p);
+void kvt__rtier_absent(kvt_cache *c, const kvt_key *key); /* a fetch found it absent (any lock) */
+void kvt__rtier_stats(kvt_cache *c, kvt_stats *st);       /* c->lock NOT held */
+/* Puts of host copies, gathered in one RPUT job per progress step (lock
+ * held): 1 queued (pinned on the host; with evict the slot is counted in
+ * freeing until the put is over), 0 no remote, no job free, or every put
+ * job busy and the gathering one full (counted as skipped). */
+int kvt__rput_add(kvt_cache *c, uint32_t e, int evict);
+/* Submits the gathered job unless the cap of put jobs is in flight (then
+ * the next put job to finish submits it). Lock held. */
+void kvt__rput_flush(kvt_cache *c);
+/* Completions, applied by a progress step (lock held): a put is over; a
+ * fetched record's parent against the entry's (0 or KVT_EMISMATCH); a
+ * fetch that failed, counted by its reason (an absent key is remembered). */
+void kvt__rput_done(kvt_cache *c, kvt__op *op);
+int kvt__rfetch_verify(kvt_cache *c, const kvt__op *op);
+void kvt__rtier_fetch_failed(kvt_cache *c, const kvt_key *key, int status);
 
 /* check.c: 0 if the tier map's invariants hold, else -1 with a reason. */
 int kvt__check_invariants(kvt_cache *c, char *msg, size_t len);

@@ -63,6 +63,13 @@ static int evict_some(kvt_cache *c, int tier, uint32_t want, int drop_only) {
   while (want > 0 && e != KVT__NONE) {
     uint32_t newer = kvt__index_newer(&c->map, e, tier);
     kvt__entry *en = kvt__E(c, e);
+    /* No disk below the host: a victim leaves through a remote put when
+     * there is a remote tier (the slot is freed once the put is over). */
+    if (tier == KVT__T_HOST && lower < 0 && !drop_only && kvt__rput_add(c, e, 1)) {
+      want--;
+      e = newer;
+      continue;
+    }
     if (lower < 0 || held_below(c, en, tier)) {
       kvt__drop_tier(c, e, tier);
       count_eviction(c, tier);
@@ -71,7 +78,9 @@ static int evict_some(kvt_cache *c, int tier, uint32_t want, int drop_only) {
       want--;
     } else {
       if (job == KVT__NONE) {
-        job = kvt__job_new(c, tier == KVT__T_DEV ? KVT__JOB_STORE : KVT__JOB_SPILL, KVT__JF_EVICT | KVT__JF_DEMOTE);
+        /* Host victims spilled to disk go on to the remote once written. */
+        uint32_t rput = tier == KVT__T_HOST && kvt__rtier(c) ? KVT__JF_RPUT : 0;
+        job = kvt__job_new(c, tier == KVT__T_DEV ? KVT__JOB_STORE : KVT__JOB_SPILL, KVT__JF_EVICT | KVT__JF_DEMOTE | rput);
         if (job == KVT__NONE) break; /* every job busy: wait for one */
       }
       kvt__job *jb = &c->jobs[job];
@@ -84,6 +93,7 @@ static int evict_some(kvt_cache *c, int tier, uint32_t want, int drop_only) {
     }
     e = newer;
   }
+  kvt__rput_flush(c);
   if (job != KVT__NONE) {
     if (c->jobs[job].n_ops == 0) {
       kvt__job_free(c, job);

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "engine/engine.h"
+#include "remote/remote.h"
 #include "store/record.h"
 #include "util/clock.h"
 
@@ -117,6 +118,8 @@ uint32_t kvt__job_new(kvt_cache *c, int kind, uint32_t flags) {
   jb->handle = KVT__NONE;
   jb->bytes = 0;
   jb->disk_started = 0;
+  jb->remote_total = 0;
+  jb->remote_handed = 0;
   jb->copy_next = jb->scan = jb->chunks_out = jb->final_first = 0;
   jb->final_out = 0;
   if (flags & KVT__JF_USER) {
@@ -251,8 +254,45 @@ void kvt__chunk_submit(kvt_cache *c, kvt__xchunk *ch) {
  * from disk_next once completions free ops). */
 #define DISK_BATCH 64u
 
+/* Hands every remote op of jb to the client, in batches of DISK_BATCH
+ * (gets for loads and fetches, puts for RPUT). The client queues without
+ * waiting; a refusal is posted like a completion. The job is not touched
+ * once its last op is handed over when nothing else keeps it pending. */
+static void remote_ops(kvt_cache *c, kvt__job *jb, uint32_t n_remote, int more_after) {
+  kvt__remote *r = kvt__rtier(c);
+  int put = jb->kind == KVT__JOB_RPUT;
+  kvt__remote_io io[DISK_BATCH];
+  uint32_t handed = 0, i = 0, n_ops = jb->n_ops;
+  while (handed < n_remote) {
+    uint32_t k = 0;
+    for (; i < n_ops && k < DISK_BATCH && handed + k < n_remote; i++) {
+      kvt__op *op = &jb->ops[i];
+      if (!op->remote) continue;
+      io[k++] = (kvt__remote_io){.key = kvt__E(c, op->entry)->key, .rec = kvt__host_slot(&c->host, op->slot[KVT__T_HOST]),
+                                 .arg = op};
+    }
+    handed += k;
+    /* From the last batch on (when no disk op keeps it pending) jb may be
+     * reused at once: only io[] and locals are read after it. */
+    (void)more_after;
+    int q = !r ? KVT_EREMOTE
+               : put ? kvt__remote_put(r, io, k, disk_op_done) : kvt__remote_get(r, io, k, disk_op_done);
+    for (uint32_t b = 0; b < k; b++) {
+      int rc = q < 0 ? q : io[b].status;
+      if (rc != 0) disk_op_done(io[b].arg, rc > 0 ? 0 : rc);
+    }
+  }
+}
+
 int kvt__job_disk_ops(kvt_cache *c, kvt__job *jb) {
   int write = jb->kind == KVT__JOB_SPILL, load = jb->kind == KVT__JOB_LOAD;
+  if (jb->remote_total && !jb->remote_handed) {
+    uint32_t n_remote = jb->remote_total, disk_left = jb->disk_total - jb->disk_sent - n_remote;
+    jb->remote_handed = 1;
+    jb->disk_sent += n_remote;
+    remote_ops(c, jb, n_remote, disk_left > 0);
+    if (disk_left == 0) return 1;
+  }
   uint32_t n_ops = jb->n_ops, i = jb->disk_next, sent = jb->disk_sent, total = jb->disk_total;
   /* The job may finish (and be reused) as its last op completes: stop
    * touching it once every op has been handed over. Ops not yet handed
@@ -263,7 +303,7 @@ int kvt__job_disk_ops(kvt_cache *c, kvt__job *jb) {
     uint32_t k = 0;
     for (; i < n_ops && k < DISK_BATCH && sent + k < total; i++) {
       kvt__op *op = &jb->ops[i];
-      if (load && !op->from_disk) continue;
+      if ((load && !op->from_disk) || op->remote) continue;
       idx[k] = i;
       io[k++] = (kvt__disk_io){.slot = op->slot[KVT__T_DISK], .rec = kvt__host_slot(&c->host, op->slot[KVT__T_HOST]),
                                .expected_key = write ? NULL : &kvt__E(c, op->entry)->key, .arg = op};
@@ -292,23 +332,27 @@ int kvt__job_disk_ops(kvt_cache *c, kvt__job *jb) {
 }
 
 int kvt__job_disk_phase(const kvt__job *jb) {
-  return jb->kind == KVT__JOB_SPILL || jb->kind == KVT__JOB_FETCH || (jb->kind == KVT__JOB_LOAD && jb->phase == 1);
+  return jb->kind == KVT__JOB_SPILL || jb->kind == KVT__JOB_FETCH || jb->kind == KVT__JOB_RPUT ||
+         (jb->kind == KVT__JOB_LOAD && jb->phase == 1);
 }
 
 /* Starts a job's disk phase (lock NOT held): what it hands the store. */
 void kvt__job_disk_start(kvt_cache *c, kvt__job *jb) {
   pthread_mutex_lock(&c->lock);
   if (!jb->disk_started) {
-    uint32_t n = 0;
+    uint32_t n = 0, n_remote = 0;
     for (uint32_t i = 0; i < jb->n_ops; i++) {
       kvt__op *op = &jb->ops[i];
       int disk = jb->kind != KVT__JOB_LOAD || op->from_disk;
       n += disk;
+      n_remote += disk && op->remote;
       op->landed = !disk; /* a load's host hits are on the host already */
     }
     jb->disk_started = 1;
     jb->disk_next = jb->disk_sent = 0;
     jb->disk_total = jb->pending = n;
+    jb->remote_total = n_remote;
+    jb->remote_handed = 0;
     jb->t_start = kvt__now_ns();
     jb->bytes = (uint64_t)jb->n_ops * c->block_bytes;
   }

@@ -35,6 +35,7 @@ void kvt__metrics_plan(kvt_cache *c, const kvt_plan *plan) {
 }
 
 static int job_path(const kvt__job *jb, int disk) {
+  if (disk == 2) return jb->kind == KVT__JOB_RPUT ? KVT__PATH_H2REMOTE : KVT__PATH_REMOTE2H;
   if (disk) return jb->kind == KVT__JOB_SPILL ? KVT__PATH_H2DISK : KVT__PATH_DISK2H;
   return jb->kind == KVT__JOB_STORE ? KVT__PATH_D2H : KVT__PATH_H2D;
 }
@@ -67,7 +68,7 @@ typedef struct event_line {
 
 static const char *const event_what[KVT__EV_KINDS] = {
     [KVT__EV_IO] = "disk I/O error", [KVT__EV_CHECKSUM] = "disk record failed its checksum",
-    [KVT__EV_COPY] = "device copy error"};
+    [KVT__EV_COPY] = "device copy error", [KVT__EV_REMOTE] = "remote tier error"};
 
 static void flush(kvt_cache *c, int final) {
   kvt__metrics *m = &c->metrics;

@@ -30,17 +30,19 @@ enum {
 };
 
 /* Transfer paths, as (src, dst) tiers. */
-enum { KVT__PATH_D2H = 0, KVT__PATH_H2D, KVT__PATH_H2DISK, KVT__PATH_DISK2H, KVT__PATHS };
+/* The remote paths come last: they are shown only for a cache with a remote tier. */
+enum { KVT__PATH_D2H = 0, KVT__PATH_H2D, KVT__PATH_H2DISK, KVT__PATH_DISK2H, KVT__PATH_REMOTE2H, KVT__PATH_H2REMOTE, KVT__PATHS };
+#define KVT__LOCAL_PATHS 4
 
 /* Upper bounds of the transfer latency buckets, seconds (+Inf follows). */
 #define KVT__LAT_BOUNDS 14
 
 /* Operator events that are rate-limited per cache (one line per second per kind). */
-enum { KVT__EV_IO = 0, KVT__EV_CHECKSUM, KVT__EV_COPY, KVT__EV_KINDS };
+enum { KVT__EV_IO = 0, KVT__EV_CHECKSUM, KVT__EV_COPY, KVT__EV_REMOTE, KVT__EV_KINDS };
 
 typedef struct kvt__metrics {
   _Atomic uint64_t acquire_blocks;
-  _Atomic uint64_t hit_blocks[3];                 /* by tier, once the block is valid on the device */
+  _Atomic uint64_t hit_blocks[4];                 /* by tier (remote last), once the block is valid on the device */
   _Atomic uint64_t miss_blocks[KVT__MISS_REASONS];
   _Atomic uint64_t decisions[3];                  /* kvt_decision of kvt_plan_request */
   _Atomic uint64_t plan_restore_blocks;
@@ -78,7 +80,7 @@ extern const double kvt__lat_bounds_s[KVT__LAT_BOUNDS];
 void kvt__metrics_acquire(kvt_cache *c, size_t n_blocks, size_t restore, uint32_t n_restored, int mismatch,
                           uint32_t n_dev);
 void kvt__metrics_plan(kvt_cache *c, const kvt_plan *plan);
-/* A transfer job's phase finished after ns: path 0 device copy, 1 disk I/O. */
+/* A transfer job's phase finished after ns: path 0 device copy, 1 disk I/O, 2 remote I/O. */
 void kvt__metrics_transfer(kvt_cache *c, const struct kvt__job *jb, int path, int64_t ns);
 
 /* Notes an operator event (c->lock held): kind KVT__EV_*, its code, the disk

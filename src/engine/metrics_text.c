@@ -12,6 +12,7 @@ typedef struct out {
   size_t cap, len;
   int json;
   int n_families, n_samples; /* written so far (JSON separators) */
+  int n_tiers, n_paths;      /* shown: the remote ones only with a remote tier */
 } out;
 
 static void put(out *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -82,18 +83,19 @@ static void gauge(out *o, const char *name, const char *help, uint64_t v) {
 
 static const char *const tier_name[] = {"device", "host", "disk", "remote"};
 
-/* One sample per tier of this build (remote joins when that tier exists). */
-static void per_tier(out *o, const char *name, const char *type, const char *help, const uint64_t v[KVT__NTIERS]) {
+/* Tiers and paths shown: the remote ones only for a cache with a remote tier. */
+/* One sample per tier of this cache (remote joins when that tier exists). */
+static void per_tier(out *o, const char *name, const char *type, const char *help, const uint64_t v[KVT__NTIERS + 1]) {
   family(o, name, type, help);
-  for (int t = 0; t < KVT__NTIERS; t++) sample(o, name, &(label){"tier", tier_name[t]}, 1, v[t]);
+  for (int t = 0; t < o->n_tiers; t++) sample(o, name, &(label){"tier", tier_name[t]}, 1, v[t]);
 }
 
-static const int path_src[KVT__PATHS] = {KVT__T_DEV, KVT__T_HOST, KVT__T_HOST, KVT__T_DISK};
-static const int path_dst[KVT__PATHS] = {KVT__T_HOST, KVT__T_DEV, KVT__T_DISK, KVT__T_HOST};
+static const int path_src[KVT__PATHS] = {KVT__T_DEV, KVT__T_HOST, KVT__T_HOST, KVT__T_DISK, KVT__T_REMOTE, KVT__T_HOST};
+static const int path_dst[KVT__PATHS] = {KVT__T_HOST, KVT__T_DEV, KVT__T_DISK, KVT__T_HOST, KVT__T_HOST, KVT__T_REMOTE};
 
 static void per_path(out *o, const char *name, const char *help, const uint64_t v[KVT__PATHS]) {
   family(o, name, "counter", help);
-  for (int p = 0; p < KVT__PATHS; p++) {
+  for (int p = 0; p < o->n_paths; p++) {
     label l[2] = {{"src", tier_name[path_src[p]]}, {"dst", tier_name[path_dst[p]]}};
     sample(o, name, l, 2, v[p]);
   }
@@ -103,7 +105,7 @@ static void histogram(out *o, const kvt__metrics *m) {
   const char *name = "kvtier_transfer_seconds";
   family(o, name, "histogram",
          "Duration of transfer jobs (one batch of blocks on one path, from submission to completion)");
-  for (int p = 0; p < KVT__PATHS; p++) {
+  for (int p = 0; p < o->n_paths; p++) {
     label l[2] = {{"src", tier_name[path_src[p]]}, {"dst", tier_name[path_dst[p]]}};
     uint64_t cum = 0;
     double sum = (double)atomic_load_explicit(&m->lat_sum_ns[p], memory_order_relaxed) * 1e-9;
@@ -142,7 +144,7 @@ static uint64_t load(const _Atomic uint64_t *a) { return atomic_load_explicit(a,
 
 static void emit(out *o, kvt_cache *c, const kvt_stats *st, uint64_t inflight, const uint64_t cap[KVT__NTIERS]) {
   const kvt__metrics *m = &c->metrics;
-  uint64_t bt = c->bt, v[KVT__NTIERS > KVT__PATHS ? KVT__NTIERS : KVT__PATHS];
+  uint64_t bt = c->bt, v[KVT__NTIERS + 1 > KVT__PATHS ? KVT__NTIERS + 1 : KVT__PATHS];
 #ifdef KVT_NO_METRICS
   const char *counting = "off";
 #else
@@ -163,12 +165,12 @@ static void emit(out *o, kvt_cache *c, const kvt_stats *st, uint64_t inflight, c
    * one scrape never shows more outcomes than blocks, even while requests
    * run (a hit ratio from one scrape stays <= 1). */
   uint64_t miss[KVT__MISS_REASONS];
-  for (int t = 0; t < KVT__NTIERS; t++) v[t] = atomic_load_explicit(&m->hit_blocks[t], memory_order_acquire);
+  for (int t = 0; t < KVT__NTIERS + 1; t++) v[t] = atomic_load_explicit(&m->hit_blocks[t], memory_order_acquire);
   for (int r = 0; r < KVT__MISS_REASONS; r++) miss[r] = atomic_load_explicit(&m->miss_blocks[r], memory_order_acquire);
   counter(o, "kvtier_acquire_blocks_total", "Keyed blocks of acquired requests", load(&m->acquire_blocks));
   per_tier(o, "kvtier_hit_blocks_total", "counter",
            "Blocks restored for a request, by the tier they came from (counted once valid on the device)", v);
-  for (int t = 0; t < KVT__NTIERS; t++) v[t] *= bt;
+  for (int t = 0; t < KVT__NTIERS + 1; t++) v[t] *= bt;
   per_tier(o, "kvtier_hit_tokens_total", "counter", "Tokens restored for a request, by tier (blocks x block_tokens)", v);
   static const char *const reason[KVT__MISS_REASONS] = {"absent", "planned_recompute", "verify_mismatch",
                                                          "load_error"};
@@ -177,16 +179,23 @@ static void emit(out *o, kvt_cache *c, const kvt_stats *st, uint64_t inflight, c
     sample(o, "kvtier_miss_blocks_total", &(label){"reason", reason[r]}, 1, miss[r]);
   counter(o, "kvtier_committed_blocks_total", "Computed blocks that became cached on the device",
           st->blocks_committed);
-  uint64_t blocks[KVT__PATHS] = {st->blocks_d2h, st->blocks_h2d, st->blocks_h2disk, st->blocks_disk2h};
-  uint64_t bytes[KVT__PATHS] = {st->bytes_d2h, st->bytes_h2d, st->bytes_h2disk, st->bytes_disk2h};
+  uint64_t blocks[KVT__PATHS] = {st->blocks_d2h, st->blocks_h2d, st->blocks_h2disk, st->blocks_disk2h,
+                                 st->blocks_remote2h, st->blocks_h2remote};
+  uint64_t bytes[KVT__PATHS] = {st->bytes_d2h, st->bytes_h2d, st->bytes_h2disk, st->bytes_disk2h,
+                                st->bytes_remote2h, st->bytes_h2remote};
   per_path(o, "kvtier_transfer_blocks_total", "Blocks copied between tiers (copies that landed)", blocks);
   per_path(o, "kvtier_transfer_bytes_total", "Bytes copied between tiers (copies that landed)", bytes);
   histogram(o, m);
-  uint64_t ev[KVT__NTIERS] = {st->evictions_device, st->evictions_host, st->evictions_disk};
+  /* The remote tier evicts on the server and has no slots of ours: local tiers only. */
+  int shown = o->n_tiers;
+  o->n_tiers = KVT__NTIERS;
+  uint64_t ev[KVT__NTIERS + 1] = {st->evictions_device, st->evictions_host, st->evictions_disk, 0};
   per_tier(o, "kvtier_evictions_total", "counter", "Blocks that left a tier to make room (demoted or dropped)", ev);
-  uint64_t res[KVT__NTIERS] = {st->resident_device, st->resident_host, st->resident_disk};
+  uint64_t res[KVT__NTIERS + 1] = {st->resident_device, st->resident_host, st->resident_disk, 0};
   per_tier(o, "kvtier_resident_blocks", "gauge", "Slots in use per tier", res);
-  per_tier(o, "kvtier_capacity_blocks", "gauge", "Slots per tier (0: the tier is off)", cap);
+  uint64_t caps[KVT__NTIERS + 1] = {cap[0], cap[1], cap[2], 0};
+  per_tier(o, "kvtier_capacity_blocks", "gauge", "Slots per tier (0: the tier is off)", caps);
+  o->n_tiers = shown;
   counter(o, "kvtier_jobs_started_total", "Transfer jobs started (engine's and internal)", st->jobs_started);
   counter(o, "kvtier_jobs_failed_total", "Transfer jobs that finished with an error", st->jobs_failed);
   counter(o, "kvtier_jobs_cancelled_total", "Transfer jobs cancelled", st->jobs_cancelled);
@@ -195,6 +204,29 @@ static void emit(out *o, kvt_cache *c, const kvt_stats *st, uint64_t inflight, c
   sample(o, "kvtier_errors_total", &(label){"kind", "io"}, 1, st->io_errors);
   sample(o, "kvtier_errors_total", &(label){"kind", "copy"}, 1, st->copy_errors);
   sample(o, "kvtier_errors_total", &(label){"kind", "checksum"}, 1, st->checksum_failures);
+  if (c->remote_on) {
+    /* The remote tier's own figures (tier="remote"); never its address or credentials. */
+    label rt = {"tier", "remote"};
+    family(o, "kvtier_remote_probes_total", "counter", "Existence round trips to the remote tier");
+    sample(o, "kvtier_remote_probes_total", &rt, 1, st->remote_probes);
+    family(o, "kvtier_remote_negative_hits_total", "counter", "Remote probes skipped: the key was found absent lately");
+    sample(o, "kvtier_remote_negative_hits_total", &rt, 1, st->remote_negative_hits);
+    family(o, "kvtier_remote_fetch_failures_total", "counter", "Remote fetches that were misses, by reason");
+    label fr[2][2] = {{rt, {"reason", "absent"}}, {rt, {"reason", "corrupt"}}};
+    sample(o, "kvtier_remote_fetch_failures_total", fr[0], 2, st->remote_misses);
+    sample(o, "kvtier_remote_fetch_failures_total", fr[1], 2, st->remote_corrupt);
+    family(o, "kvtier_remote_errors_total", "counter", "Remote fetches and puts that failed, by kind");
+    label er[3][2] = {{rt, {"kind", "error"}}, {rt, {"kind", "timeout"}}, {rt, {"kind", "refused"}}};
+    sample(o, "kvtier_remote_errors_total", er[0], 2, st->remote_errors);
+    sample(o, "kvtier_remote_errors_total", er[1], 2, st->remote_timeouts);
+    sample(o, "kvtier_remote_errors_total", er[2], 2, st->remote_put_refused);
+    family(o, "kvtier_remote_degraded", "gauge", "1 while the remote tier is unreachable or a node of it is failing");
+    sample(o, "kvtier_remote_degraded", &rt, 1, st->remote_degraded);
+    family(o, "kvtier_remote_nodes", "gauge", "Remote server nodes known");
+    sample(o, "kvtier_remote_nodes", &rt, 1, st->remote_nodes);
+    family(o, "kvtier_remote_reconnects_total", "counter", "Times the remote tier came back after being unreachable");
+    sample(o, "kvtier_remote_reconnects_total", &rt, 1, st->remote_reconnects);
+  }
   static const char *const decision[3] = {"recompute", "restore", "split"};
   family(o, "kvtier_plan_decisions_total", "counter", "kvt_plan_request decisions");
   for (int d = 0; d < 3; d++)
@@ -224,7 +256,8 @@ int kvt_metrics_write(kvt_cache *c, int format, char *buf, size_t *len) {
   uint64_t inflight = c->inflight;
   memcpy(cap, c->cap, sizeof cap);
   pthread_mutex_unlock(&c->lock);
-  out o = {.buf = buf, .cap = *len, .json = format == KVT_METRICS_JSON};
+  out o = {.buf = buf, .cap = *len, .json = format == KVT_METRICS_JSON, .n_tiers = c->remote_on ? KVT__NTIERS + 1 : KVT__NTIERS,
+           .n_paths = c->remote_on ? KVT__PATHS : KVT__LOCAL_PATHS};
   emit(&o, c, &st, inflight, cap);
   *len = o.len;
   return o.len < o.cap ? 0 : -ENOBUFS;

@@ -33,7 +33,8 @@ static void ref_go_private(kvt_cache *c, kvt__job *jb, kvt__op *op) {
     kvt__index_unpin(&c->map, op->entry, KVT__T_DEV);
     r->entry = KVT__NONE;
     r->failed = op->status != 0; /* else cancelled behind an earlier failure */
-    if (op->from_disk) c->st.hits_disk--;
+    if (op->remote) c->st.hits_remote--;
+    else if (op->from_disk) c->st.hits_disk--;
     else c->st.hits_host--;
     c->st.misses++;
     KVT__M_ADD(c, miss_blocks[op->status == KVT_EMISMATCH ? KVT__MISS_MISMATCH : KVT__MISS_LOAD_ERROR], 1);
@@ -81,7 +82,7 @@ static void load_done(kvt_cache *c, kvt__job *jb, kvt__op *op) {
         memcpy(c->dev_tokens + (size_t)ds * c->bt, kvt__record_tokens(rec), (size_t)c->bt * sizeof(uint32_t));
     }
     c->st.blocks_h2d++;
-    KVT__M_ADD(c, hit_blocks[op->from_disk ? KVT__T_DISK : KVT__T_HOST], 1);
+    KVT__M_ADD(c, hit_blocks[op->remote ? KVT__T_REMOTE : op->from_disk ? KVT__T_DISK : KVT__T_HOST], 1);
     c->st.bytes_h2d += c->block_bytes;
   } else {
     kvt__index_set_state(&c->map, e, KVT__T_DEV, KVT__ABSENT, 0);
@@ -89,6 +90,17 @@ static void load_done(kvt_cache *c, kvt__job *jb, kvt__op *op) {
     c->st.copy_errors++;
     kvt__event_note(c, KVT__EV_COPY, op->status, UINT64_MAX);
   }
+}
+
+/* A spill that leaves the host (or a write-through) goes on to the remote
+ * once the disk write is over: the two never seal the host record at once.
+ * Returns 1 when the put took over the host copy's departure. */
+static int spill_then_put(kvt_cache *c, kvt__job *jb, uint32_t e) {
+  kvt__entry *en = kvt__E(c, e);
+  if (!(jb->flags & KVT__JF_RPUT) || en->state[KVT__T_HOST] != KVT__VALID) return 0;
+  int evict = (jb->flags & KVT__JF_EVICT) != 0;
+  if (evict && en->pins[KVT__T_HOST]) evict = 0; /* a request holds it: it stays */
+  return kvt__rput_add(c, e, evict) && evict;
 }
 
 static void spill_done(kvt_cache *c, kvt__job *jb, kvt__op *op) {
@@ -103,6 +115,10 @@ static void spill_done(kvt_cache *c, kvt__job *jb, kvt__op *op) {
     kvt__slots_put(&c->slots[KVT__T_DISK], op->slot[KVT__T_DISK]);
     c->st.io_errors++;
     kvt__event_note(c, KVT__EV_IO, op->status, op->slot[KVT__T_DISK]);
+  }
+  if (op->status != KVT_ECANCELED && spill_then_put(c, jb, e)) {
+    c->freeing[KVT__T_HOST]--; /* the put counts it now */
+    return;
   }
   if (jb->flags & KVT__JF_EVICT) {
     kvt__entry *en = kvt__E(c, e);
@@ -143,18 +159,25 @@ static void fetch_failed(kvt_cache *c, uint32_t e, int status) {
 
 static void fetch_done(kvt_cache *c, kvt__job *jb, kvt__op *op) {
   uint32_t e = op->entry;
+  if (op->status == 0 && op->remote) op->status = kvt__rfetch_verify(c, op);
   if (op->status == 0) op->status = fetch_verify(c, op);
-  kvt__index_unpin(&c->map, e, KVT__T_DISK);
+  if (!op->remote) kvt__index_unpin(&c->map, e, KVT__T_DISK);
   if (op->status == 0) {
     kvt__index_set_state(&c->map, e, KVT__T_HOST, KVT__VALID, op->slot[KVT__T_HOST]);
-    c->st.blocks_disk2h++;
-    c->st.bytes_disk2h += c->block_bytes;
+    if (op->remote) {
+      c->st.blocks_remote2h++;
+      c->st.bytes_remote2h += c->block_bytes;
+    } else {
+      c->st.blocks_disk2h++;
+      c->st.bytes_disk2h += c->block_bytes;
+    }
     return;
   }
   kvt__index_set_state(&c->map, e, KVT__T_HOST, KVT__ABSENT, 0);
   kvt__slots_put(&c->slots[KVT__T_HOST], op->slot[KVT__T_HOST]);
   if (jb->flags & KVT__JF_LOAD_AFTER) kvt__index_unpin(&c->map, e, KVT__T_HOST);
-  fetch_failed(c, e, op->status);
+  if (op->remote) kvt__rtier_fetch_failed(c, &kvt__E(c, e)->key, op->status);
+  else fetch_failed(c, e, op->status);
   if (!(jb->flags & KVT__JF_LOAD_AFTER)) kvt__maybe_remove(c, e);
 }
 
@@ -185,27 +208,60 @@ static uint32_t cut_loads_at_first_failure(kvt_cache *c, kvt__job *jb) {
 static void observe(kvt_cache *c, kvt__job *jb, int path, uint64_t bytes) {
   int64_t ns = kvt__now_ns() - jb->t_start;
   double s = (double)ns * 1e-9;
-  KVT__M_TRANSFER(c, jb, path, ns);
+  KVT__M_TRANSFER(c, jb, path, ns); /* KVT_CALIB_* numbers the metrics' paths too */
   if (c->have_cost && bytes) kvt__calib_observe_transfer(&c->calib, path, bytes, 1, s);
 }
 
-/* Write-through: blocks that just reached the host go on to disk. */
+/* Write-through: blocks that just reached the host go on to disk, and on
+ * to the remote (after the disk write; at once without a disk tier). */
 static uint32_t write_through(kvt_cache *c, kvt__job *jb) {
-  if (c->cfg.write_policy != KVT_WRITE_THROUGH || !kvt__has_tier(c, KVT__T_DISK) || jb->kind != KVT__JOB_STORE)
-    return KVT__NONE;
+  if (c->cfg.write_policy != KVT_WRITE_THROUGH || jb->kind != KVT__JOB_STORE) return KVT__NONE;
+  int disk = kvt__has_tier(c, KVT__T_DISK), remote = kvt__rtier(c) != NULL;
+  if (!disk && !remote) return KVT__NONE;
   uint32_t j = KVT__NONE;
   for (uint32_t i = 0; i < jb->n_ops; i++) {
     uint32_t e = jb->ops[i].entry;
     kvt__entry *en = kvt__E(c, e);
-    if (jb->ops[i].status || en->state[KVT__T_HOST] != KVT__VALID || en->state[KVT__T_DISK] != KVT__ABSENT) continue;
+    if (jb->ops[i].status || en->state[KVT__T_HOST] != KVT__VALID) continue;
+    if (!disk) {
+      kvt__rput_add(c, e, 0);
+      continue;
+    }
+    if (en->state[KVT__T_DISK] != KVT__ABSENT) continue;
     if (kvt__make_room(c, KVT__T_DISK, 1, 0) != 0) break;
-    if (j == KVT__NONE && (j = kvt__job_new(c, KVT__JOB_SPILL, 0)) == KVT__NONE) break;
+    if (j == KVT__NONE && (j = kvt__job_new(c, KVT__JOB_SPILL, remote ? KVT__JF_RPUT : 0)) == KVT__NONE) break;
     kvt__job_add_copy(c, j, e, KVT__T_HOST, KVT__T_DISK, kvt__slots_take(&c->slots[KVT__T_DISK]));
   }
+  kvt__rput_flush(c);
   return j;
 }
 
+/* Blocks fetched from the remote go on to disk (when there is one) on the
+ * way up: a later request on this node finds them locally. */
+static void spill_fetched(kvt_cache *c, kvt__job *jb) {
+  if (!kvt__has_tier(c, KVT__T_DISK)) return;
+  uint32_t j = KVT__NONE;
+  for (uint32_t i = 0; i < jb->n_ops; i++) {
+    const kvt__op *op = &jb->ops[i];
+    if (!op->remote || op->status) continue;
+    kvt__entry *en = kvt__E(c, op->entry);
+    if (en->state[KVT__T_HOST] != KVT__VALID || en->state[KVT__T_DISK] != KVT__ABSENT) continue;
+    if (kvt__make_room(c, KVT__T_DISK, 1, 0) != 0) break;
+    if (j == KVT__NONE && (j = kvt__job_new(c, KVT__JOB_SPILL, 0)) == KVT__NONE) break;
+    if (c->jobs[j].n_ops == c->cfg.max_job_blocks) break;
+    kvt__job_add_copy(c, j, op->entry, KVT__T_HOST, KVT__T_DISK, kvt__slots_take(&c->slots[KVT__T_DISK]));
+  }
+  if (j == KVT__NONE) return;
+  c->inflight++;
+  c->st.jobs_started++;
+  kvt__queue_submit(c, j);
+}
+
 static void finish_job(kvt_cache *c, kvt__job *jb) {
+  if (jb->kind == KVT__JOB_RPUT) {
+    c->rput_jobs--;
+    kvt__rput_flush(c); /* one held back by the cap goes now */
+  }
   if (jb->status == KVT_ECANCELED) c->st.jobs_cancelled++;
   else if (jb->status) c->st.jobs_failed++;
   jb->done = 1;
@@ -268,6 +324,7 @@ static void load_finish(kvt_cache *c, kvt__job *jb) {
     }
   }
   observe(c, jb, 0, jb->bytes);
+  spill_fetched(c, jb);
   finish_job(c, jb);
 }
 
@@ -291,14 +348,22 @@ static void apply_disk_op(kvt_cache *c, kvt__op *op) {
   kvt__job *jb = op->jb;
   if (op->status == 0 && (jb->flags & KVT__JF_CANCEL)) op->status = KVT_ECANCELED;
   if (jb->kind == KVT__JOB_SPILL) spill_done(c, jb, op);
+  else if (jb->kind == KVT__JOB_RPUT) kvt__rput_done(c, op);
   else fetch_done(c, jb, op);
   op->landed = 1;
   if (op->status && !jb->status && jb->kind != KVT__JOB_LOAD) jb->status = op->status;
   if (--jb->pending == 0) {
     uint64_t n = jb->kind == KVT__JOB_LOAD ? jb->n_fetch : jb->n_ops;
-    observe(c, jb, 1, n * c->block_bytes);
+    /* The fetch phase is timed as a whole: a phase that read from the
+     * remote calibrates the remote link (it is the slower of the two). */
+    int path = jb->remote_total ? KVT_CALIB_HOST_REMOTE : 1;
+    if (jb->kind == KVT__JOB_RPUT) n = 0; /* puts do not predict restores */
+    observe(c, jb, path, n * c->block_bytes);
     if (jb->kind == KVT__JOB_LOAD) reads_over(c, jb);
-    else finish_job(c, jb);
+    else {
+      if (jb->kind == KVT__JOB_FETCH) spill_fetched(c, jb);
+      finish_job(c, jb);
+    }
   } else if (jb->kind == KVT__JOB_LOAD) {
     stream_more(c, jb);
   }
@@ -452,6 +517,7 @@ void kvt__cq_drain(kvt_cache *c) {
       n = jb->cq_next;
       apply_job_xfer(c, jb);
     }
+    kvt__rput_flush(c); /* the puts these completions started */
     pthread_cond_broadcast(&c->cond);
     pthread_mutex_unlock(&c->lock);
     kvt__events_flush(c);

@@ -1,4 +1,4 @@
-/* The read path: lookup, plan, acquire (pin hits, schedule restores, hand
+/* The read path: acquire (pin hits, schedule restores, hand
  * out fresh slots), request progress, commit and release. */
 #include <errno.h>
 #include <string.h>
@@ -26,76 +26,11 @@ static const kvt_key *chain_parent_of(const kvt_cache *c, const kvt_key *parent,
   return i ? &keys[i - 1] : parent ? parent : &c->ns;
 }
 
-static const kvt_key *parent_of(const kvt_cache *c, const kvt_key *keys, size_t i) {
-  return chain_parent_of(c, NULL, keys, i);
-}
-
 /* Fastest tier holding a valid copy, or -1. */
 static int fastest_valid(const kvt__entry *en) {
   for (int t = 0; t < KVT__NTIERS; t++)
     if (en->state[t] == KVT__VALID) return t;
   return -1;
-}
-
-/* Lookup under the lock; tiers may be NULL. Returns the prefix length. */
-static uint32_t lookup_locked(kvt_cache *c, const kvt_key *keys, size_t n, kvt_lookup_result *res,
-                              uint8_t *tiers) {
-  uint32_t cnt[KVT__NTIERS] = {0, 0, 0}, i = 0;
-  kvt__index_prefetch(&c->map, keys, n < 64 ? n : 64);
-  for (; i < n; i++) {
-    if (i + 64 < n) kvt__index_prefetch(&c->map, &keys[i + 64], 1);
-    uint32_t e = kvt__index_find(&c->map, &keys[i]);
-    if (e == KVT__NONE) break;
-    const kvt__entry *en = kvt__E(c, e);
-    int t = fastest_valid(en);
-    if (t < 0 || !kvt__key_eq(&en->parent, parent_of(c, keys, i))) break;
-    cnt[t]++;
-    if (tiers) tiers[i] = (uint8_t)t;
-  }
-  if (tiers)
-    for (size_t k = i; k < n; k++) tiers[k] = KVT_TIER_NONE;
-  if (res) {
-    res->n_blocks = (uint32_t)n;
-    res->n_prefix = i;
-    res->n_device = cnt[0];
-    res->n_host = cnt[1];
-    res->n_disk = cnt[2];
-  }
-  c->st.lookups++;
-  c->st.lookup_blocks += n;
-  return i;
-}
-
-int kvt_lookup(kvt_cache *c, const kvt_key *keys, size_t n, kvt_lookup_result *res, uint8_t *tier_of_block) {
-  KVT__REQ_CHECK(c);
-  if ((n && !keys) || !res || n > UINT32_MAX) return -EINVAL;
-  if (res->size < KVT_LOOKUP_RESULT_SIZE_V1) return KVT_EVERSION;
-  kvt_lookup_result full = {.size = sizeof full};
-  pthread_mutex_lock(&c->lock);
-  lookup_locked(c, keys, n, &full, tier_of_block);
-  pthread_mutex_unlock(&c->lock);
-  return kvt__struct_out(res, &full, sizeof full, KVT_LOOKUP_RESULT_SIZE_V1);
-}
-
-int kvt_plan_request(kvt_cache *c, const kvt_key *keys, size_t n_blocks, size_t n_tokens, kvt_plan *plan) {
-  KVT__REQ_CHECK(c);
-  if ((n_blocks && !keys) || !plan) return -EINVAL;
-  if (plan->size < KVT_PLAN_SIZE_V1) return KVT_EVERSION;
-  if (n_blocks > (size_t)n_tokens / c->bt) return -EINVAL;
-  if (n_blocks > c->cfg.max_job_blocks) return -E2BIG;
-  pthread_mutex_lock(&c->lock);
-  if (!c->have_cost) {
-    pthread_mutex_unlock(&c->lock);
-    return KVT_ESTATE;
-  }
-  uint32_t prefix = lookup_locked(c, keys, n_blocks, NULL, c->scratch_tiers);
-  kvt_hw_desc hw;
-  kvt__calib_hw(&c->calib, &hw);
-  kvt_plan full = {.size = sizeof full};
-  int rc = kvt_cost_plan(&c->model, &hw, c->bt, n_tokens, prefix, c->scratch_tiers, &full);
-  if (rc == 0) KVT__M_PLAN(c, &full);
-  pthread_mutex_unlock(&c->lock);
-  return rc ? rc : kvt__struct_out(plan, &full, sizeof full, KVT_PLAN_SIZE_V1);
 }
 
 /* ---- requests ---- */
@@ -123,7 +58,7 @@ static int tokens_match(kvt_cache *c, const kvt__entry *en, int tier, const uint
 }
 
 typedef struct scan_result {
-  uint32_t n, per_tier[KVT__NTIERS];
+  uint32_t n, per_tier[KVT__NTIERS + 1]; /* the remote tier last */
   int must_wait;
   int mismatch; /* stopped at a block whose tokens or parent differ */
 } scan_result;
@@ -138,15 +73,33 @@ static int shared_after_copy(const scan_result *sr, int tier) {
   return tier == KVT__T_DEV && sr->n > sr->per_tier[KVT__T_DEV];
 }
 
+/* Blocks [from, from + n) of a request that a remote probe found. */
+typedef struct remote_run {
+  uint32_t from, n;
+} remote_run;
+
 static void scan_prefix(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, const uint32_t *tokens,
-                        size_t restore, uint32_t chunk0, scan_result *sr) {
+                        size_t restore, uint32_t chunk0, const remote_run *rr, scan_result *sr) {
   memset(sr, 0, sizeof *sr);
   uint32_t id = chunk0 * KVT__REF_CHUNK;
   kvt__index_prefetch(&c->map, keys, restore < 16 ? restore : 16);
   for (size_t i = 0; i < restore; i++) {
     if (i + 16 < restore) kvt__index_prefetch(&c->map, &keys[i + 16], 1);
     uint32_t e = kvt__index_find(&c->map, &keys[i]);
-    if (e == KVT__NONE) break;
+    if (e == KVT__NONE) {
+      /* Only on the remote: fetched through a host slot like a disk block
+       * (the entry is made by fill_request; the fetch verifies it). */
+      if (i < rr->from || i >= rr->from + rr->n) break;
+      if (sr->per_tier[KVT__T_DISK] + sr->per_tier[KVT__T_REMOTE] + sr->per_tier[KVT__T_HOST] >= c->cap[KVT__T_HOST]) break;
+      kvt__ref *r = kvt__ref_at(c, id);
+      r->entry = KVT__NONE;
+      r->key = keys[i];
+      r->tier = KVT__T_REMOTE;
+      sr->per_tier[KVT__T_REMOTE]++;
+      sr->n++;
+      id = kvt__ref_next(c, id);
+      continue;
+    }
     kvt__entry *en = kvt__E(c, e);
     if (!kvt__key_eq(&en->parent, chain_parent_of(c, parent, keys, i))) break;
     int t = fastest_valid(en);
@@ -163,7 +116,8 @@ static void scan_prefix(kvt_cache *c, const kvt_key *parent, const kvt_key *keys
     /* Disk blocks stage through host slots: restore no more of them than
      * the host tier can hold beside the host blocks this request pins (the
      * rest of the prefix is recomputed). */
-    if (t == KVT__T_DISK && sr->per_tier[KVT__T_DISK] + sr->per_tier[KVT__T_HOST] >= c->cap[KVT__T_HOST]) break;
+    if (t == KVT__T_DISK && sr->per_tier[KVT__T_DISK] + sr->per_tier[KVT__T_REMOTE] + sr->per_tier[KVT__T_HOST] >= c->cap[KVT__T_HOST])
+      break;
     /* Pin counts are 16 bits: a block already shared by that many
      * requests is recomputed rather than let its count wrap to 0 (which
      * would put a block in use on the LRU, free to be evicted). */
@@ -187,7 +141,7 @@ static void unpin_prefix(kvt_cache *c, uint32_t chunk0, uint32_t n) {
   if (n == 0) return;
   for (uint32_t i = n, id = kvt__ref_id(c, chunk0, n - 1); i-- > 0; id = kvt__ref_prev(c, id)) {
     const kvt__ref *r = kvt__ref_at(c, id);
-    kvt__index_unpin(&c->map, r->entry, r->tier);
+    if (r->tier != KVT__T_REMOTE) kvt__index_unpin(&c->map, r->entry, r->tier);
   }
 }
 
@@ -217,6 +171,8 @@ static void fill_request(kvt_cache *c, kvt__request *rq, uint32_t job, const kvt
     }
     r->key = keys[i];
     r->failed = 0;
+    if (r->tier == KVT__T_REMOTE) /* room was made and the key is absent (prefix_moved): the entry fits */
+      r->entry = kvt__index_insert(&c->map, &keys[i], i ? &keys[i - 1] : &rq->parent);
     kvt__entry *en = kvt__E(c, r->entry);
     if (r->tier == KVT__T_DEV) {
       r->slot = slots[i] = en->slot[KVT__T_DEV];
@@ -232,10 +188,11 @@ static void fill_request(kvt_cache *c, kvt__request *rq, uint32_t job, const kvt
     op->slot[KVT__T_DISK] = KVT__NONE;
     if (r->tier == KVT__T_HOST) {
       op->slot[KVT__T_HOST] = en->slot[KVT__T_HOST];
-    } else { /* disk: stage through a host slot, kept pinned for the load */
+    } else { /* disk or remote: stage through a host slot, kept pinned for the load */
       uint32_t hs = jb->dev_slots[staged++];
       op->slot[KVT__T_HOST] = hs;
-      op->slot[KVT__T_DISK] = en->slot[KVT__T_DISK];
+      op->remote = r->tier == KVT__T_REMOTE;
+      op->slot[KVT__T_DISK] = op->remote ? KVT__NONE : en->slot[KVT__T_DISK];
       op->from_disk = 1;
       op->tok_sum = tok ? XXH3_64bits(tok, (size_t)c->bt * sizeof(uint32_t)) : 0;
       kvt__index_set_state(&c->map, r->entry, KVT__T_HOST, KVT__FILLING, hs);
@@ -246,6 +203,17 @@ static void fill_request(kvt_cache *c, kvt__request *rq, uint32_t job, const kvt
     kvt__index_pin(&c->map, r->entry, KVT__T_DEV);
     if (c->dev_has_tokens) c->dev_has_tokens[r->slot] = 0; /* set from the record on landing */
   }
+}
+
+/* Leading keys the tier map holds in this chain (lock held): where a
+ * remote probe starts. */
+static uint32_t local_chain(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, size_t n) {
+  uint32_t i = 0;
+  for (; i < n; i++) {
+    uint32_t e = kvt__index_find(&c->map, &keys[i]);
+    if (e == KVT__NONE || !kvt__key_eq(&kvt__E(c, e)->parent, chain_parent_of(c, parent, keys, i))) break;
+  }
+  return i;
 }
 
 static int acquire_args_ok(const kvt_cache *c, const kvt_key *keys, size_t n_blocks, size_t restore,
@@ -269,6 +237,10 @@ static int prefix_moved(kvt_cache *c, uint32_t chunk0, uint32_t n) {
   uint32_t id = chunk0 * KVT__REF_CHUNK;
   for (uint32_t i = 0; i < n; i++, id = kvt__ref_next(c, id)) {
     const kvt__ref *r = kvt__ref_at(c, id);
+    if (r->tier == KVT__T_REMOTE) { /* someone else fetched or computed it meanwhile */
+      if (kvt__index_find(&c->map, &r->key) != KVT__NONE) return 1;
+      continue;
+    }
     const kvt__entry *en = kvt__E(c, r->entry);
     for (int t = 0; t < r->tier; t++)
       if (en->state[t] != KVT__ABSENT) return 1;
@@ -280,9 +252,10 @@ static int prefix_moved(kvt_cache *c, uint32_t chunk0, uint32_t n) {
  * to stage its disk blocks (held in the job's dev_slots array) and device
  * slots for everything not already on the device. Lock held; may wait. */
 static int reserve(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, const uint32_t *tokens, size_t restore,
-                   uint32_t chunk0, uint32_t total, int may_wait, scan_result *sr, uint32_t *job_out) {
+                   uint32_t chunk0, uint32_t total, int may_wait, const remote_run *rr, scan_result *sr,
+                   uint32_t *job_out) {
   for (;;) {
-    scan_prefix(c, parent, keys, tokens, restore, chunk0, sr);
+    scan_prefix(c, parent, keys, tokens, restore, chunk0, rr, sr);
     if (sr->must_wait) {
       unpin_prefix(c, chunk0, sr->n);
       if (!may_wait) return KVT_EAGAIN;
@@ -290,12 +263,16 @@ static int reserve(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, con
       continue;
     }
     uint32_t n_copy = sr->n - sr->per_tier[KVT__T_DEV], n_stage = 0, job = KVT__NONE;
-    int rc = 0;
-    if (n_copy && (job = kvt__job_new(c, KVT__JOB_LOAD, 0)) == KVT__NONE) rc = may_wait ? KVT_ENOSPACE : KVT_EAGAIN;
-    else if ((rc = kvt__make_room(c, KVT__T_HOST, sr->per_tier[KVT__T_DISK], may_wait)) == 0) {
+    uint32_t staging = sr->per_tier[KVT__T_DISK] + sr->per_tier[KVT__T_REMOTE];
+    int rc = 0, no_job = 0;
+    if (n_copy && (job = kvt__job_new(c, KVT__JOB_LOAD, 0)) == KVT__NONE) {
+      rc = may_wait ? KVT_ENOSPACE : KVT_EAGAIN;
+      no_job = 1;
+    }
+    else if ((rc = kvt__make_room(c, KVT__T_HOST, staging, may_wait)) == 0) {
       /* Hold the staging slots now: the device's demotions below need host
        * slots too, and must make their own room rather than take these. */
-      for (; n_stage < sr->per_tier[KVT__T_DISK]; n_stage++)
+      for (; n_stage < staging; n_stage++)
         c->jobs[job].dev_slots[n_stage] = kvt__slots_take(&c->slots[KVT__T_HOST]);
       rc = kvt__make_room(c, KVT__T_DEV, total - sr->per_tier[KVT__T_DEV], may_wait);
     }
@@ -306,11 +283,18 @@ static int reserve(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, con
       return 0;
     }
     unreserve(c, chunk0, sr, job, n_stage);
-    if (rc == KVT_ENOSPACE && sr->per_tier[KVT__T_DISK]) {
-      /* The host cannot stage the disk blocks now (its slots are pinned):
-       * restore only the prefix before the first of them. */
+    if (no_job && may_wait && c->inflight) {
+      /* Every job is busy with transfers (spills, remote puts): one of
+       * them frees a job when it finishes. */
+      kvt__wait(c, NULL);
+      continue;
+    }
+    if (rc == KVT_ENOSPACE && staging) {
+      /* The host cannot stage the disk or remote blocks now (its slots are
+       * pinned): restore only the prefix before the first of them. */
       uint32_t i = 0;
-      for (uint32_t id = chunk0 * KVT__REF_CHUNK; i < sr->n && kvt__ref_at(c, id)->tier != KVT__T_DISK;
+      for (uint32_t id = chunk0 * KVT__REF_CHUNK;
+           i < sr->n && kvt__ref_at(c, id)->tier != KVT__T_DISK && kvt__ref_at(c, id)->tier != KVT__T_REMOTE;
            id = kvt__ref_next(c, id))
         i++;
       restore = i;
@@ -339,12 +323,21 @@ int kvt_acquire_after(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, 
   int may_wait = !(flags & KVT_ACQUIRE_NOWAIT), rc = 0;
   uint32_t total = (uint32_t)(n_blocks + extra_slots), job = KVT__NONE, chunk0, chunk_last;
   scan_result sr;
+  remote_run rr = {0, 0};
+  if (c->remote_on && restore) {
+    /* Blocks after the local chain: one probe, before the lock (a round trip). */
+    pthread_mutex_lock(&c->lock);
+    uint32_t p = local_chain(c, parent, keys, restore);
+    pthread_mutex_unlock(&c->lock);
+    rr.from = p;
+    rr.n = kvt__rtier_after(c, keys, restore, p);
+  }
   pthread_mutex_lock(&c->lock);
   if (c->n_req_free == 0 || (rc = kvt__refs_alloc(c, total, &chunk0, &chunk_last)) != 0) {
     pthread_mutex_unlock(&c->lock);
     return rc ? rc : KVT_ENOSPACE;
   }
-  rc = reserve(c, parent, keys, tokens, restore, chunk0, total, may_wait, &sr, &job);
+  rc = reserve(c, parent, keys, tokens, restore, chunk0, total, may_wait, &rr, &sr, &job);
   if (rc != 0) {
     kvt__refs_free(c, chunk0, chunk_last, total);
     pthread_mutex_unlock(&c->lock);
@@ -378,6 +371,7 @@ int kvt_acquire_after(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, 
   c->st.hits_device += sr.per_tier[KVT__T_DEV];
   c->st.hits_host += sr.per_tier[KVT__T_HOST];
   c->st.hits_disk += sr.per_tier[KVT__T_DISK];
+  c->st.hits_remote += sr.per_tier[KVT__T_REMOTE];
   c->st.misses += n_blocks - sr.n;
   KVT__M_ACQUIRE(c, n_blocks, restore, sr.n, sr.mismatch, sr.per_tier[KVT__T_DEV]);
   *req = ((uint64_t)rq->gen << 32) | (r + 1);
@@ -386,7 +380,8 @@ int kvt_acquire_after(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, 
   int deferred = job != KVT__NONE && c->jobs[job].n_fetch && c->progress_running;
   if (deferred) kvt__progress_submit(c, job);
   if (info) {
-    kvt_acquire_info full = {sizeof full, sr.n, sr.per_tier[KVT__T_DEV], n_copy, sr.per_tier[KVT__T_DISK]};
+    kvt_acquire_info full = {sizeof full, sr.n, sr.per_tier[KVT__T_DEV], n_copy, sr.per_tier[KVT__T_DISK],
+                             sr.per_tier[KVT__T_REMOTE]};
     kvt__struct_out(info, &full, sizeof full, KVT_ACQUIRE_INFO_SIZE_V1);
   }
   pthread_mutex_unlock(&c->lock);

@@ -8,6 +8,7 @@
 
 #include "core/hash.h"
 #include "engine/storage.h"
+#include "remote/remote.h"
 #include "store/record.h"
 #include "util/abi.h"
 
@@ -77,11 +78,11 @@ static int storage_alloc(kvt_cache *c, kvt__storage *s) {
   s->n_workers = want > 4 ? 4 : want;
   s->workers = calloc(s->n_workers, sizeof *s->workers);
   if (!s->workers) return -ENOMEM;
-  /* Disk I/O goes through each worker's ring of aligned record images, in
-   * memory with the host pool's huge-page hint (a staged record is then a
-   * few physically contiguous segments for the block device, not one per
-   * 4 KiB page). */
-  size_t ring = kvt__has_tier(c, KVT__T_DISK) ? c->record_bytes * KVT__STAGE_DEPTH : 0;
+  /* Disk and remote I/O go through each worker's ring of aligned record
+   * images, in memory with the host pool's huge-page hint (a staged record
+   * is then a few physically contiguous segments for the block device, not
+   * one per 4 KiB page). */
+  size_t ring = kvt__has_tier(c, KVT__T_DISK) || c->remote_url ? c->record_bytes * KVT__STAGE_DEPTH : 0;
   s->ring_bytes = ring;
   for (uint32_t w = 0; w < s->n_workers; w++) {
     kvt__sworker *wk = &s->workers[w];
@@ -243,8 +244,10 @@ int kvt_exists(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, size_t 
   pthread_mutex_lock(&c->lock);
   uint32_t prefix = prefix_locked(c, parent, keys, n, flags, cnt, tier_of_block);
   pthread_mutex_unlock(&c->lock);
-  kvt_lookup_result full = {.size = sizeof full, .n_blocks = (uint32_t)n, .n_prefix = prefix,
-                            .n_device = cnt[0], .n_host = cnt[1], .n_disk = cnt[2]};
+  uint32_t r = kvt__rtier_after(c, keys, n, prefix);
+  for (uint32_t i = prefix; tier_of_block && i < prefix + r; i++) tier_of_block[i] = KVT_TIER_REMOTE;
+  kvt_lookup_result full = {.size = sizeof full, .n_blocks = (uint32_t)n, .n_prefix = prefix + r,
+                            .n_device = cnt[0], .n_host = cnt[1], .n_disk = cnt[2], .n_remote = r};
   return kvt__struct_out(res, &full, sizeof full, KVT_LOOKUP_RESULT_SIZE_V1);
 }
 
@@ -354,16 +357,26 @@ static void claim_puts(kvt_cache *c, kvt__sjob *jb, const kvt_batch *b) {
   }
 }
 
-/* Pins the get's cached prefix in the tier each block is read from. */
-static void claim_gets(kvt_cache *c, kvt__sjob *jb, const kvt_batch *b) {
+/* Pins the get's cached prefix in the tier each block is read from; the
+ * remote run [rr_from, rr_from + rr_n) (a probe's answer) follows a local
+ * prefix that ends at rr_from. */
+static void claim_gets(kvt_cache *c, kvt__sjob *jb, const kvt_batch *b, uint32_t rr_from, uint32_t rr_n) {
   uint8_t *tiers = c->scratch_tiers;
   uint32_t prefix = prefix_locked(c, b->parent, b->keys, b->n_blocks, b->flags, NULL, tiers);
+  uint32_t local = prefix;
+  if (prefix == rr_from) prefix += rr_n; /* else the map changed since the probe: local blocks only */
   if (b->max_blocks && prefix > b->max_blocks) prefix = b->max_blocks;
   for (uint32_t i = 0; i < jb->n_blocks; i++) {
     kvt__sblock *sb = &jb->blocks[i];
     sb->entry = KVT__NONE;
     sb->result = 1;
+    sb->tier = KVT_TIER_NONE;
     if (i >= prefix) continue;
+    if (i >= local) { /* the remote's: no entry, read by the worker into a staging record */
+      sb->tier = KVT__T_REMOTE;
+      sb->result = 0;
+      continue;
+    }
     uint32_t e = kvt__index_find(&c->map, &b->keys[i]);
     sb->entry = e;
     sb->tier = tiers[i];
@@ -380,6 +393,14 @@ static int submit(kvt_cache *c, const kvt_batch *user, kvt_job *job, int kind) {
   if (rc) return rc;
   memcpy(&b, user, KVT_BATCH_SIZE_V1 < sizeof b ? KVT_BATCH_SIZE_V1 : sizeof b);
   kvt__storage *s = c->storage;
+  uint32_t rr_from = 0, rr_n = 0;
+  if (kind == KVT__SJ_GET && c->remote_on) {
+    /* The blocks after the local chain: one probe, before the lock. */
+    pthread_mutex_lock(&c->lock);
+    rr_from = prefix_locked(c, b.parent, b.keys, b.n_blocks, b.flags, NULL, NULL);
+    pthread_mutex_unlock(&c->lock);
+    rr_n = kvt__rtier_after(c, b.keys, b.n_blocks, rr_from);
+  }
   pthread_mutex_lock(&c->lock);
   uint32_t j = s->n_free ? s->free_jobs[--s->n_free] : KVT__NONE;
   if (j != KVT__NONE) s->jobs[j].busy = 1;
@@ -406,8 +427,10 @@ static int submit(kvt_cache *c, const kvt_batch *user, kvt_job *job, int kind) {
   jb->has_tokens = b.tokens != NULL;
   if (n_tok) memcpy(jb->tokens, b.tokens, n_tok * sizeof(uint32_t));
   memcpy(jb->keys, b.keys, (size_t)b.n_blocks * sizeof(kvt_key));
+  jb->opaque = (b.flags & KVT_KEYS_OPAQUE) != 0;
+  jb->parent0 = b.parent ? *b.parent : c->ns;
   if (kind == KVT__SJ_PUT) claim_puts(c, jb, &b);
-  else claim_gets(c, jb, &b);
+  else claim_gets(c, jb, &b, rr_from, rr_n);
   region_users(s, jb->regions, +1);
   s->queue[(s->q_head + s->q_len++) % c->cfg.max_jobs] = j;
   s->active++;
@@ -555,6 +578,10 @@ int kvt_remove(kvt_cache *c, const kvt_key *keys, size_t n, size_t *n_removed) {
     }
     removed += gone;
   }
+  /* The remote's copies go too (best effort: a degraded node keeps its own). */
+  kvt__remote *r = kvt__rtier(c);
+  for (size_t i = 0; r && i < n; i += KVT__RPROBE_MAX)
+    kvt__remote_remove(r, keys + i, (uint32_t)(n - i < KVT__RPROBE_MAX ? n - i : KVT__RPROBE_MAX));
   if (n_removed) *n_removed = removed;
   return rc;
 }

@@ -55,14 +55,16 @@ typedef struct kvt__spiece {
 enum { KVT__SJ_PUT = 1, KVT__SJ_GET = 2 };
 
 typedef struct kvt__sblock {
-  uint32_t entry; /* KVT__NONE: skipped or not loaded */
-  uint8_t tier;   /* put: destination; get: source */
+  uint32_t entry; /* KVT__NONE: skipped or not loaded (or a get from the remote tier) */
+  uint8_t tier;   /* put: destination; get: source (KVT__T_REMOTE: fetched from the remote, no entry) */
   int32_t result;
 } kvt__sblock;
 
 typedef struct kvt__sjob {
   uint32_t gen;
   uint8_t busy, done, user, kind, has_tokens;
+  uint8_t opaque;   /* KVT_KEYS_OPAQUE: records carry the namespace as parent */
+  kvt_key parent0;  /* chained keys: the parent of keys[0] */
   int status;
   uint32_t n_blocks, ppb;
   uint64_t regions; /* bit r: region r+1 is named by a piece */

@@ -9,6 +9,7 @@
 #include <xxhash.h>
 
 #include "engine/storage.h"
+#include "remote/remote.h"
 #include "store/record.h"
 
 /* ---- bytes ---- */
@@ -81,6 +82,14 @@ static int verify_tokens(kvt_cache *c, kvt__sjob *jb, uint32_t i, void *rec) {
   return memcmp(kvt__record_tokens(rec), jb->tokens + (size_t)i * c->bt, len) ? KVT_EMISMATCH : 0;
 }
 
+/* Get from the remote: the record's parent is the one its key was put
+ * under (the client checked namespace, key and checksums). */
+static int verify_parent(kvt_cache *c, kvt__sjob *jb, uint32_t i, void *rec) {
+  const kvt__record_hdr *h = rec;
+  const kvt_key *want = jb->opaque ? &c->ns : i ? &jb->keys[i - 1] : &jb->parent0;
+  return kvt__key_eq(&h->parent, want) ? 0 : KVT_EMISMATCH;
+}
+
 /* ---- commits (c->lock held) ---- */
 
 static void put_commit(kvt_cache *c, kvt__sjob *jb, uint32_t i, int status) {
@@ -98,8 +107,23 @@ static void put_commit(kvt_cache *c, kvt__sjob *jb, uint32_t i, int status) {
   sb->result = status;
 }
 
+/* A get from the remote tier is over (no entry: nothing to unpin). */
+static void remote_get_commit(kvt_cache *c, kvt__sjob *jb, uint32_t i, int status) {
+  if (status == 0) {
+    c->st.blocks_remote2h++;
+    c->st.bytes_remote2h += c->block_bytes;
+  } else {
+    kvt__rtier_fetch_failed(c, &jb->keys[i], status);
+  }
+  jb->blocks[i].result = status;
+}
+
 static void get_commit(kvt_cache *c, kvt__sjob *jb, uint32_t i, int status) {
   kvt__sblock *sb = &jb->blocks[i];
+  if (sb->tier == KVT__T_REMOTE) {
+    remote_get_commit(c, jb, i, status);
+    return;
+  }
   uint32_t e = sb->entry;
   kvt__index_unpin(&c->map, e, sb->tier);
   kvt__entry *en = kvt__E(c, e);
@@ -145,6 +169,7 @@ static void stage_retire(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb, kvt__stag
   if (jb->kind == KVT__SJ_GET) {
     /* Straight: the payload is already in the engine's pieces (and, on a
      * failure, so may be any bytes: the block is reported not landed). */
+    if (status == 0 && jb->blocks[i].tier == KVT__T_REMOTE) status = verify_parent(c, jb, i, st->rec);
     if (status == 0) status = verify_tokens(c, jb, i, st->rec);
     if (status == 0 && !st->n_iov) status = copy_pieces(jb, i, kvt__record_payload(st->rec, c->bt), 1);
   }
@@ -180,7 +205,9 @@ static kvt__stage *ring_take(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb, kvt__
  * record (n_iov 0). */
 static kvt__stage *stage_next(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb, uint32_t i) {
   kvt__stage *st;
-  if (straight_iov(c, jb, i, NULL, NULL)) {
+  /* A remote block arrives as a whole record image: always a staging one. */
+  int remote = jb->kind == KVT__SJ_GET && jb->blocks[i].tier == KVT__T_REMOTE;
+  if (!remote && straight_iov(c, jb, i, NULL, NULL)) {
     st = ring_take(c, w, jb, w->straight, KVT__STRAIGHT_DEPTH, &w->next_straight);
     st->n_iov = straight_iov(c, jb, i, st->rec, st->iov);
   } else {
@@ -194,6 +221,13 @@ static void stage_submit(kvt_cache *c, kvt__stage *st, uint32_t i, kvt__sjob *jb
   st->block = i;
   st->in_flight = 1;
   st->status = 0;
+  if (jb->kind == KVT__SJ_GET && jb->blocks[i].tier == KVT__T_REMOTE) {
+    kvt__remote *r = kvt__rtier(c);
+    kvt__remote_io io = {.key = jb->keys[i], .rec = st->rec, .arg = st};
+    int q = r ? kvt__remote_get(r, &io, 1, stage_done) : KVT_EREMOTE;
+    if (q < 0 || io.status) stage_done(st, q < 0 ? q : io.status);
+    return;
+  }
   uint32_t slot;
   pthread_mutex_lock(&c->lock);
   slot = kvt__E(c, jb->blocks[i].entry)->slot[KVT__T_DISK];
@@ -294,7 +328,7 @@ static void run_put(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb) {
 static void run_get(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb) {
   for (uint32_t i = 0; i < jb->n_blocks; i++) {
     kvt__sblock *sb = &jb->blocks[i];
-    if (sb->entry == KVT__NONE) continue;
+    if (sb->entry == KVT__NONE && sb->tier != KVT__T_REMOTE) continue;
     if (sb->tier == KVT__T_HOST) {
       /* Pinned: the slot holds this block until the unpin. */
       void *rec = kvt__host_slot(&c->host, kvt__E(c, sb->entry)->slot[KVT__T_HOST]);

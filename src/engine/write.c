@@ -51,15 +51,53 @@ int kvt_store(kvt_cache *c, const kvt_key *keys, size_t n, uint32_t flags, kvt_j
   return rc < 0 ? rc : j != KVT__NONE;
 }
 
+/* The chain goes on past the local tiers from keys[i]: fetch what the
+ * remote holds into host slots (lock held; dropped for the probe). Adds to
+ * *j (made if NONE). Returns 0 or KVT_EAGAIN. */
+static int prefetch_remote(kvt_cache *c, const kvt_key *keys, size_t n, size_t i, uint32_t *j) {
+  pthread_mutex_unlock(&c->lock);
+  uint32_t r = kvt__rtier_probe(c, keys + i, n - i);
+  pthread_mutex_lock(&c->lock);
+  int rc = 0;
+  for (uint32_t k = 0; k < r; k++) {
+    const kvt_key *key = &keys[i + k];
+    if (kvt__index_find(&c->map, key) != KVT__NONE) break; /* fetched or computed meanwhile */
+    if (*j == KVT__NONE ? !kvt__job_available(c, KVT__JOB_FETCH, KVT__JF_USER)
+                        : c->jobs[*j].n_ops == c->cfg.max_job_blocks) {
+      if (*j == KVT__NONE) rc = KVT_EAGAIN;
+      break;
+    }
+    if ((rc = kvt__make_room(c, KVT__T_HOST, 1, 0)) != 0) break;
+    if (*j == KVT__NONE && (*j = kvt__job_new(c, KVT__JOB_FETCH, KVT__JF_USER)) == KVT__NONE) {
+      rc = KVT_EAGAIN;
+      break;
+    }
+    uint32_t e = kvt__index_insert(&c->map, key, i + k ? &keys[i + k - 1] : &c->ns);
+    if (e == KVT__NONE) break;
+    kvt__job *jb = &c->jobs[*j];
+    kvt__op *op = &jb->ops[jb->n_ops++];
+    memset(op, 0, sizeof *op);
+    op->jb = jb;
+    op->entry = e;
+    op->ref = KVT__NONE;
+    op->remote = 1;
+    op->slot[KVT__T_DEV] = op->slot[KVT__T_DISK] = KVT__NONE;
+    op->slot[KVT__T_HOST] = kvt__slots_take(&c->slots[KVT__T_HOST]);
+    kvt__index_set_state(&c->map, e, KVT__T_HOST, KVT__FILLING, op->slot[KVT__T_HOST]);
+  }
+  return rc;
+}
+
 int kvt_prefetch(kvt_cache *c, const kvt_key *keys, size_t n, kvt_job *job) {
   if (!job_api_ok(c)) return !c ? -EINVAL : kvt__forked(c) ? KVT_EFORKED : KVT_ELAYOUT;
   if ((n && !keys) || !job) return -EINVAL;
   *job = 0;
-  if (!kvt__has_tier(c, KVT__T_DISK) || !kvt__has_tier(c, KVT__T_HOST)) return 0;
+  if ((!kvt__has_tier(c, KVT__T_DISK) && !c->remote_on) || !kvt__has_tier(c, KVT__T_HOST)) return 0;
   uint32_t j = KVT__NONE;
   int rc = 0;
+  size_t i = 0;
   pthread_mutex_lock(&c->lock);
-  for (size_t i = 0; i < n; i++) {
+  for (; i < n; i++) {
     uint32_t e = kvt__index_find(&c->map, &keys[i]);
     if (e == KVT__NONE) break;
     kvt__entry *en = kvt__E(c, e);
@@ -81,6 +119,8 @@ int kvt_prefetch(kvt_cache *c, const kvt_key *keys, size_t n, kvt_job *job) {
     }
     kvt__job_add_copy(c, j, e, KVT__T_DISK, KVT__T_HOST, kvt__slots_take(&c->slots[KVT__T_HOST]));
   }
+  if (rc == 0 && i < n && c->remote_on && kvt__index_find(&c->map, &keys[i]) == KVT__NONE)
+    rc = prefetch_remote(c, keys, n, i, &j);
   if (j != KVT__NONE && c->jobs[j].n_ops == 0) {
     kvt__job_free(c, j);
     j = KVT__NONE;

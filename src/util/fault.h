@@ -27,7 +27,7 @@ typedef enum kvt__fault_site {
 } kvt__fault_site;
 
 /* Allocations KVT_FAULT_ALLOC can fail, named by its arg. */
-enum { KVT_ALLOC_OPEN_FINGERPRINT = 1, KVT_ALLOC_OPEN_DISK_PATH, KVT_ALLOC_NAMESPACE };
+enum { KVT_ALLOC_OPEN_FINGERPRINT = 1, KVT_ALLOC_OPEN_DISK_PATH, KVT_ALLOC_NAMESPACE, KVT_ALLOC_OPEN_REMOTE };
 
 /* site, arg (site-specific: direction, op, length) -> 0 or injected value. */
 typedef int (*kvt__fault_fn)(void *ctx, int site, int64_t arg);
