@@ -90,18 +90,6 @@ static inline void kvt__index_prefetch(const kvt__index *ix, const kvt_key *keys
   for (size_t i = 0; i < n; i++) kvt__index_prefetch_key(ix, &keys[i]);
 }
 
-/* Prefetches the entry that key's home word names, when the word's tag
- * matches: issued a few blocks after kvt__index_prefetch_key of the same key
- * (once the word has landed), so that find's compare and the caller's reads
- * of the entry hit the cache even when a chain's entries lie far apart. */
-static inline void kvt__index_prefetch_entry(const kvt__index *ix, const kvt_key *key) {
-  uint64_t w = ix->table[kvt__index_home(ix, key->lo)];
-  if (w && (w & ~ix->idx_mask) == (key->lo & ~ix->idx_mask)) {
-    const char *en = (const char *)&ix->entries[(uint32_t)(w & ix->idx_mask) - 1];
-    kvt__prefetch(en);
-    kvt__prefetch(en + sizeof(kvt__entry) - 1);
-  }
-}
 /* New entry with every tier ABSENT, or KVT__NONE when full. Key must be absent. */
 uint32_t kvt__index_insert(kvt__index *ix, const kvt_key *key, const kvt_key *parent);
 /* Removes an entry that is ABSENT everywhere and unpinned. */

@@ -138,9 +138,10 @@ static int shared_after_copy(const scan_result *sr, int tier) {
   return tier == KVT__T_DEV && sr->n > sr->per_tier[KVT__T_DEV];
 }
 
-/* Blocks ahead of the scan whose index words, then entries, are prefetched. */
+/* Blocks ahead of the scan whose index words are prefetched. (Prefetching
+ * entries too, once their word has landed, cost more than it saved: a
+ * chain's entries are mostly neighbours, which the hardware streams.) */
 #define SCAN_WORDS_AHEAD 16u
-#define SCAN_ENTRIES_AHEAD 8u
 
 static void scan_prefix(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, const uint32_t *tokens,
                         size_t restore, uint32_t chunk0, scan_result *sr) {
@@ -151,7 +152,6 @@ static void scan_prefix(kvt_cache *c, const kvt_key *parent, const kvt_key *keys
   const kvt_key *par = chain_parent_of(c, parent, keys, 0);
   for (size_t i = 0; i < restore; par = &keys[i++]) {
     if (i + SCAN_WORDS_AHEAD < restore) kvt__index_prefetch_key(&c->map, &keys[i + SCAN_WORDS_AHEAD]);
-    if (i + SCAN_ENTRIES_AHEAD < restore) kvt__index_prefetch_entry(&c->map, &keys[i + SCAN_ENTRIES_AHEAD]);
     uint32_t e = kvt__index_find(&c->map, &keys[i]);
     if (e == KVT__NONE) break;
     kvt__entry *en = kvt__E(c, e);
