@@ -15,18 +15,19 @@ static inline uint32_t home_of(const kvt__index *ix, uint64_t lo) { return kvt__
 static inline uint32_t step(const kvt__index *ix, uint32_t h) { return h + 1 == ix->size ? 0 : h + 1; }
 
 /* Zeroed memory for the entry slab and the table. A large map asks for huge
- * pages: its probes land on random pages, and with 4 KiB pages nearly every
- * block of a lookup would also miss the TLB. Only a hint; freed with free(). */
+ * pages over its whole 2 MiB pieces (the tail keeps small ones: nothing is
+ * allocated beyond what metadata_bytes counts): its probes land on random
+ * pages, and with 4 KiB pages nearly every block of a lookup would also
+ * miss the TLB. Only a hint; freed with free(). */
 #define HUGE_BYTES ((size_t)2 << 20)
 static void *map_alloc(size_t n, size_t size) {
   if (n > SIZE_MAX / size) return NULL;
   size_t bytes = n * size;
   if (bytes < HUGE_BYTES) return calloc(n, size);
   void *p = NULL;
-  bytes = (bytes + HUGE_BYTES - 1) / HUGE_BYTES * HUGE_BYTES;
   if (posix_memalign(&p, HUGE_BYTES, bytes)) return NULL;
 #ifdef MADV_HUGEPAGE
-  (void)madvise(p, bytes, MADV_HUGEPAGE);
+  (void)madvise(p, bytes / HUGE_BYTES * HUGE_BYTES, MADV_HUGEPAGE);
 #endif
   return memset(p, 0, bytes);
 }
