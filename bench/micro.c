@@ -79,7 +79,8 @@ static void usage(FILE *f) {
           "sections (all by default):\n"
           "  gpu    CUDA backend copies vs cudaMemcpy (details: kvtier-bench gpu; needs a GPU)\n"
           "  hash   chained block keys (kvt_hash_tokens) vs raw XXH3_128 over the same bytes\n"
-          "  map    kvt_lookup and acquire/release of device hits, blocks per second\n"
+          "  map    kvt_lookup and acquire/release of device hits (blocks per CPU-second), and\n"
+          "         16-block acquire latency with 256 live requests vs none\n"
           "  host   host-tier stores and loads (host backend) vs memcpy of the same blocks\n"
           "  disk   disk spill and fetch+verify vs raw O_DIRECT io_uring on the same file\n"
           "  storage storage mode: put-from / get-into of 2 MiB blocks vs raw O_DIRECT io_uring,\n"
@@ -128,7 +129,8 @@ static const char *missed_reason(const char *section) {
            "and a key per block; the limit streams the same bytes through XXH3 without that.";
   if (!strcmp(section, "map"))
     return "the cache's metadata lock and tier-map work per block cost more than the goal\n"
-           "on this CPU (one thread; a loaded or slow CPU lowers it).";
+           "on this CPU (rates are per second of the thread's own CPU time, so other load\n"
+           "lowers them only through the caches it shares; a slow CPU lowers them too).";
   if (!strcmp(section, "host"))
     return "kvtier copies each block as per-layer K and V pieces (so a restore can start computing\n"
            "layer by layer): 1 KiB pieces at 64 KiB blocks; memcpy of whole blocks moves the same\n"

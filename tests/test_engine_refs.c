@@ -147,11 +147,51 @@ static void mixed_sizes_churn_keeps_slots_private(void **state) {
   kvt_close(c);
 }
 
+/* A request over two chunks of references, restored in part, committed in
+ * two pieces that end inside a chunk: release walks its references back
+ * across the chunk boundary, so the chain's tail is evicted before its
+ * ancestors, and every block the request computed is cached behind the
+ * right parent. */
+static void release_across_chunks_evicts_tails_first(void **state) {
+  (void)state;
+  enum { N = 45, CACHED = 20, SPLIT = 33, EVICT = 10 };
+  kvt_cache *c = open_cache(8);
+  kvt_key keys[N], other[SLOTS];
+  keys_of(c, 3000, N, keys);
+  keys_of(c, 9000, SLOTS, other);
+  kvt_req req;
+  uint32_t slots[N];
+  assert_int_equal(kvt_acquire(c, keys, NULL, CACHED, 0, 0, 0, &req, slots, NULL), 0);
+  assert_int_equal(kvt_commit(c, req, CACHED, NULL), 0);
+  assert_int_equal(kvt_release(c, req), 0);
+  kvt_acquire_info info = {.size = sizeof info};
+  assert_int_equal(kvt_acquire(c, keys, NULL, N, N, 0, 0, &req, slots, &info), 0);
+  assert_int_equal(info.n_restore, CACHED);
+  assert_int_equal(info.n_device_hits, CACHED);
+  assert_int_equal(kvt_commit(c, req, SPLIT, NULL), 0);
+  assert_int_equal(kvt_commit(c, req, N, NULL), 0);
+  assert_int_equal(kvt__check_invariants(c, NULL, 0), 0);
+  assert_int_equal(kvt_release(c, req), 0);
+  kvt_lookup_result lr = {.size = sizeof lr};
+  assert_int_equal(kvt_lookup(c, keys, N, &lr, NULL), 0);
+  assert_int_equal(lr.n_device, N); /* every parent link holds */
+  /* EVICT more slots than are free: the oldest blocks go, the chain's last ones. */
+  uint32_t fresh[SLOTS];
+  assert_int_equal(kvt_acquire(c, other, NULL, SLOTS - N + EVICT, 0, 0, 0, &req, fresh, NULL), 0);
+  assert_int_equal(kvt_lookup(c, keys, N, &lr, NULL), 0);
+  assert_int_equal(lr.n_prefix, N - EVICT);
+  assert_int_equal(lr.n_device, N - EVICT);
+  assert_int_equal(kvt__check_invariants(c, NULL, 0), 0);
+  assert_int_equal(kvt_release(c, req), 0);
+  kvt_close(c);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(seventh_sharer_of_a_cached_prefix_is_served),
       cmocka_unit_test(request_after_scattered_releases_is_served),
       cmocka_unit_test(mixed_sizes_churn_keeps_slots_private),
+      cmocka_unit_test(release_across_chunks_evicts_tails_first),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

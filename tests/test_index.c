@@ -10,20 +10,21 @@ static kvt_key K(uint64_t i) {
   return k;
 }
 
-static void insert_find_remove_match_reference(void **state) {
-  enum { CAP = 4096, OPS = 200000 };
+/* Random inserts, finds and removes against a reference, then fills the map. */
+static void match_reference(uint32_t cap, int ops) {
   kvt__index ix;
-  assert_int_equal(kvt__index_init(&ix, CAP), 0);
-  static uint32_t where[CAP * 4]; /* key id -> entry + 1, 0 = absent */
-  memset(where, 0, sizeof where);
+  assert_int_equal(kvt__index_init(&ix, cap), 0);
+  uint32_t *where = calloc((size_t)cap * 4, sizeof *where); /* key id -> entry + 1, 0 = absent */
+  assert_non_null(where);
   uint64_t s = 1;
-  for (int op = 0; op < OPS; op++) {
+  for (int op = 0; op < ops; op++) {
     s = s * 6364136223846793005ull + 1442695040888963407ull;
-    uint64_t id = (s >> 33) % (CAP * 4);
+    uint64_t id = (s >> 33) % ((uint64_t)cap * 4);
     kvt_key k = K(id);
+    kvt__index_prefetch_key(&ix, &k); /* a hint only: finds must not depend on it */
     uint32_t e = kvt__index_find(&ix, &k);
     assert_int_equal(e == KVT__NONE ? 0 : e + 1, where[id]);
-    if (e == KVT__NONE && ix.used < CAP) {
+    if (e == KVT__NONE && ix.used < cap) {
       kvt_key p = K(id + 1);
       e = kvt__index_insert(&ix, &k, &p);
       assert_int_not_equal(e, KVT__NONE);
@@ -35,13 +36,33 @@ static void insert_find_remove_match_reference(void **state) {
   }
   /* Full: insert fails cleanly. */
   uint32_t n = ix.used;
-  for (uint64_t id = CAP * 4; n < CAP; id++, n++) {
+  for (uint64_t id = (uint64_t)cap * 4; n < cap; id++, n++) {
     kvt_key k = K(id);
     assert_int_not_equal(kvt__index_insert(&ix, &k, &k), KVT__NONE);
   }
   kvt_key extra = K(1u << 30);
   assert_int_equal(kvt__index_insert(&ix, &extra, &extra), KVT__NONE);
+  free(where);
   kvt__index_free(&ix);
+}
+
+static void insert_find_remove_match_reference(void **state) { match_reference(4096, 200000); }
+
+/* A map whose entries and table pass 2 MiB takes them from the huge-page
+ * path: it must start as empty as a small one and behave the same. */
+static void large_map_starts_empty_and_matches_reference(void **state) {
+  enum { CAP = 1 << 17 }; /* 10 MiB of entries, 2 MiB of table words */
+  kvt__index ix;
+  assert_int_equal(kvt__index_init(&ix, CAP), 0);
+  for (uint32_t i = 0; i < ix.size; i++) assert_true(ix.table[i] == 0);
+  for (uint32_t i = 0; i < CAP; i++)
+    for (int t = 0; t < KVT__NTIERS; t++) {
+      assert_int_equal(ix.entries[i].state[t], KVT__ABSENT);
+      assert_int_equal(ix.entries[i].pins[t], 0);
+    }
+  for (int t = 0; t < KVT__NTIERS; t++) assert_int_equal(kvt__index_victim(&ix, t), KVT__NONE);
+  kvt__index_free(&ix);
+  match_reference(CAP, 400000);
 }
 
 static uint32_t add_valid(kvt__index *ix, uint64_t id, int tier) {
@@ -126,6 +147,7 @@ static void slots_stack(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(insert_find_remove_match_reference),
+      cmocka_unit_test(large_map_starts_empty_and_matches_reference),
       cmocka_unit_test(lru_order_and_pins),
       cmocka_unit_test(reverse_touch_gives_tail_first),
       cmocka_unit_test(slots_stack),

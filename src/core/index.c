@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "core/hash.h"
 
@@ -10,19 +11,34 @@
 _Static_assert(sizeof(kvt__entry) + 2 * sizeof(uint64_t) + sizeof(uint32_t) == KVT_MAP_BYTES_PER_BLOCK,
                "KVT_MAP_BYTES_PER_BLOCK in kvtier.h is the tier map's bytes per block");
 
-/* Home word of a key from the top 32 bits of key.lo (kept in its word). */
-static inline uint32_t home_of(const kvt__index *ix, uint64_t lo) {
-  return (uint32_t)(((lo >> 32) * (uint64_t)ix->size) >> 32);
-}
+static inline uint32_t home_of(const kvt__index *ix, uint64_t lo) { return kvt__index_home(ix, lo); }
 static inline uint32_t step(const kvt__index *ix, uint32_t h) { return h + 1 == ix->size ? 0 : h + 1; }
+
+/* Zeroed memory for the entry slab and the table. A large map asks for huge
+ * pages over its whole 2 MiB pieces (the tail keeps small ones: nothing is
+ * allocated beyond what metadata_bytes counts): its probes land on random
+ * pages, and with 4 KiB pages nearly every block of a lookup would also
+ * miss the TLB. Only a hint; freed with free(). */
+#define HUGE_BYTES ((size_t)2 << 20)
+static void *map_alloc(size_t n, size_t size) {
+  if (n > SIZE_MAX / size) return NULL;
+  size_t bytes = n * size;
+  if (bytes < HUGE_BYTES) return calloc(n, size);
+  void *p = NULL;
+  if (posix_memalign(&p, HUGE_BYTES, bytes)) return NULL;
+#ifdef MADV_HUGEPAGE
+  (void)madvise(p, bytes / HUGE_BYTES * HUGE_BYTES, MADV_HUGEPAGE);
+#endif
+  return memset(p, 0, bytes);
+}
 
 int kvt__index_init(kvt__index *ix, uint32_t capacity) {
   memset(ix, 0, sizeof *ix);
   if (capacity == 0 || capacity > (1u << 30)) return -EINVAL;
   uint64_t tsize = (uint64_t)capacity * 2; /* load factor <= 0.5 */
   if (tsize < 16) tsize = 16;
-  ix->entries = calloc(capacity, sizeof *ix->entries);
-  ix->table = calloc(tsize, sizeof *ix->table);
+  ix->entries = map_alloc(capacity, sizeof *ix->entries);
+  ix->table = map_alloc(tsize, sizeof *ix->table);
   if (!ix->entries || !ix->table) {
     kvt__index_free(ix);
     return -ENOMEM;
@@ -46,22 +62,6 @@ void kvt__index_free(kvt__index *ix) {
 
 size_t kvt__index_bytes(const kvt__index *ix) {
   return (size_t)ix->capacity * sizeof(kvt__entry) + (size_t)ix->size * sizeof(uint64_t);
-}
-
-uint32_t kvt__index_find(const kvt__index *ix, const kvt_key *key) {
-  uint64_t tag = key->lo & ~ix->idx_mask;
-  for (uint32_t h = home_of(ix, key->lo);; h = step(ix, h)) {
-    uint64_t w = ix->table[h];
-    if (!w) return KVT__NONE;
-    if ((w & ~ix->idx_mask) == tag) {
-      uint32_t e = (uint32_t)(w & ix->idx_mask) - 1;
-      if (ix->entries[e].key.hi == key->hi && ix->entries[e].key.lo == key->lo) return e;
-    }
-  }
-}
-
-void kvt__index_prefetch(const kvt__index *ix, const kvt_key *keys, size_t n) {
-  for (size_t i = 0; i < n; i++) __builtin_prefetch(&ix->table[home_of(ix, keys[i].lo)]);
 }
 
 uint32_t kvt__index_insert(kvt__index *ix, const kvt_key *key, const kvt_key *parent) {
@@ -106,7 +106,7 @@ void kvt__index_remove(kvt__index *ix, uint32_t e) {
   ix->used--;
 }
 
-static void lru_unlink(kvt__index *ix, uint32_t e, int t) {
+void kvt__lru_unlink(kvt__index *ix, uint32_t e, int t) {
   kvt__entry *en = &ix->entries[e];
   kvt__lru *l = &ix->lru[t];
   if (en->prev[t] != KVT__NONE) ix->entries[en->prev[t]].next[t] = en->next[t];
@@ -118,7 +118,7 @@ static void lru_unlink(kvt__index *ix, uint32_t e, int t) {
   l->count--;
 }
 
-static void lru_push_head(kvt__index *ix, uint32_t e, int t) {
+void kvt__lru_push_head(kvt__index *ix, uint32_t e, int t) {
   kvt__entry *en = &ix->entries[e];
   kvt__lru *l = &ix->lru[t];
   en->prev[t] = KVT__NONE;
@@ -130,36 +130,11 @@ static void lru_push_head(kvt__index *ix, uint32_t e, int t) {
   l->count++;
 }
 
-/* Re-establishes "on LRU iff VALID and unpinned" for one tier. */
-static void lru_sync(kvt__index *ix, uint32_t e, int t) {
-  kvt__entry *en = &ix->entries[e];
-  int want = en->state[t] == KVT__VALID && en->pins[t] == 0;
-  int have = (en->on_lru >> t) & 1;
-  if (want && !have) lru_push_head(ix, e, t);
-  else if (!want && have) lru_unlink(ix, e, t);
-}
-
 void kvt__index_set_state(kvt__index *ix, uint32_t e, int tier, int state, uint32_t slot) {
   kvt__entry *en = &ix->entries[e];
   en->state[tier] = (uint8_t)state;
   en->slot[tier] = state == KVT__ABSENT ? KVT__NONE : slot;
-  lru_sync(ix, e, tier);
-}
-
-void kvt__index_pin(kvt__index *ix, uint32_t e, int tier) {
-  ix->entries[e].pins[tier]++;
-  lru_sync(ix, e, tier);
-}
-
-void kvt__index_unpin(kvt__index *ix, uint32_t e, int tier) {
-  if (ix->entries[e].pins[tier]) ix->entries[e].pins[tier]--;
-  lru_sync(ix, e, tier);
-}
-
-void kvt__index_touch(kvt__index *ix, uint32_t e, int tier) {
-  if (!((ix->entries[e].on_lru >> tier) & 1) || ix->lru[tier].head == e) return;
-  lru_unlink(ix, e, tier);
-  lru_push_head(ix, e, tier);
+  kvt__index_lru_sync(ix, e, tier);
 }
 
 int kvt__index_unused(const kvt__index *ix, uint32_t e) {

@@ -50,10 +50,46 @@ int kvt__index_init(kvt__index *ix, uint32_t capacity);
 void kvt__index_free(kvt__index *ix);
 size_t kvt__index_bytes(const kvt__index *ix);
 
-/* Entry index of key, or KVT__NONE. */
-uint32_t kvt__index_find(const kvt__index *ix, const kvt_key *key);
-/* Prefetches the index lines of keys[0..n) (batch lookups overlap misses). */
-void kvt__index_prefetch(const kvt__index *ix, const kvt_key *keys, size_t n);
+/* Home word of a key: from the top 32 bits of key.lo (which its word keeps). */
+static inline uint32_t kvt__index_home(const kvt__index *ix, uint64_t lo) {
+  return (uint32_t)(((lo >> 32) * (uint64_t)ix->size) >> 32);
+}
+
+/* Entry index of key, or KVT__NONE. Inline: the read path calls it per block. */
+static inline uint32_t kvt__index_find(const kvt__index *ix, const kvt_key *key) {
+  uint64_t tag = key->lo & ~ix->idx_mask;
+  for (uint32_t h = kvt__index_home(ix, key->lo);;) {
+    uint64_t w = ix->table[h];
+    if (!w) return KVT__NONE;
+    if ((w & ~ix->idx_mask) == tag) {
+      uint32_t e = (uint32_t)(w & ix->idx_mask) - 1;
+      if (ix->entries[e].key.hi == key->hi && ix->entries[e].key.lo == key->lo) return e;
+    }
+    h = h + 1 == ix->size ? 0 : h + 1;
+  }
+}
+
+/* A prefetch the compiler keeps: GCC 12 deletes __builtin_prefetch from
+ * some inlined code (a loop it proves finite; a prefetch behind a compare of
+ * loaded words), which silently takes the prefetches off the read path. */
+static inline void kvt__prefetch(const void *p) {
+#if defined(__x86_64__) || defined(__i386__)
+  __asm__ volatile("prefetcht0 %0" : : "m"(*(const char *)p));
+#else
+  __builtin_prefetch(p);
+#endif
+}
+
+/* Prefetches the index word of one key: what a lookup loop issues per block. */
+static inline void kvt__index_prefetch_key(const kvt__index *ix, const kvt_key *key) {
+  kvt__prefetch(&ix->table[kvt__index_home(ix, key->lo)]);
+}
+
+/* Prefetches the index words of keys[0..n) (batch lookups overlap misses). */
+static inline void kvt__index_prefetch(const kvt__index *ix, const kvt_key *keys, size_t n) {
+  for (size_t i = 0; i < n; i++) kvt__index_prefetch_key(ix, &keys[i]);
+}
+
 /* New entry with every tier ABSENT, or KVT__NONE when full. Key must be absent. */
 uint32_t kvt__index_insert(kvt__index *ix, const kvt_key *key, const kvt_key *parent);
 /* Removes an entry that is ABSENT everywhere and unpinned. */
@@ -61,10 +97,36 @@ void kvt__index_remove(kvt__index *ix, uint32_t e);
 
 /* State changes keep the LRU rule. */
 void kvt__index_set_state(kvt__index *ix, uint32_t e, int tier, int state, uint32_t slot);
-void kvt__index_pin(kvt__index *ix, uint32_t e, int tier);
-void kvt__index_unpin(kvt__index *ix, uint32_t e, int tier);
+/* The list operations behind them (index.c). */
+void kvt__lru_unlink(kvt__index *ix, uint32_t e, int tier);
+void kvt__lru_push_head(kvt__index *ix, uint32_t e, int tier);
+
+/* Re-establishes "on LRU iff VALID and unpinned" for one tier. */
+static inline void kvt__index_lru_sync(kvt__index *ix, uint32_t e, int tier) {
+  const kvt__entry *en = &ix->entries[e];
+  int want = en->state[tier] == KVT__VALID && en->pins[tier] == 0;
+  int have = (en->on_lru >> tier) & 1;
+  if (want && !have) kvt__lru_push_head(ix, e, tier);
+  else if (!want && have) kvt__lru_unlink(ix, e, tier);
+}
+
+/* Inline: a device hit pins and unpins once per block. */
+static inline void kvt__index_pin(kvt__index *ix, uint32_t e, int tier) {
+  ix->entries[e].pins[tier]++;
+  kvt__index_lru_sync(ix, e, tier);
+}
+
+static inline void kvt__index_unpin(kvt__index *ix, uint32_t e, int tier) {
+  if (ix->entries[e].pins[tier]) ix->entries[e].pins[tier]--;
+  kvt__index_lru_sync(ix, e, tier);
+}
+
 /* Moves e to the MRU end of tier's list if it is on it. */
-void kvt__index_touch(kvt__index *ix, uint32_t e, int tier);
+static inline void kvt__index_touch(kvt__index *ix, uint32_t e, int tier) {
+  if (!((ix->entries[e].on_lru >> tier) & 1) || ix->lru[tier].head == e) return;
+  kvt__lru_unlink(ix, e, tier);
+  kvt__lru_push_head(ix, e, tier);
+}
 /* LRU tail of tier (oldest unpinned VALID entry), or KVT__NONE. */
 static inline uint32_t kvt__index_victim(const kvt__index *ix, int tier) {
   return ix->lru[tier].tail;

@@ -367,6 +367,53 @@ static inline uint32_t kvt__ref_prev(const kvt_cache *c, uint32_t id) {
 }
 static inline uint32_t kvt__req_ref0(const kvt__request *rq) { return rq->chunk0 * KVT__REF_CHUNK; }
 
+/* Walks a request's refs in order (or in reverse), one chunk lookup per
+ * KVT__REF_CHUNK refs instead of one per ref: the per-block loops of
+ * acquire, commit and release. A chunk is looked up only when a ref of it
+ * is asked for, so a walk may stop anywhere. */
+typedef struct kvt__ref_walk {
+  kvt__ref *r;     /* the next ref to hand out */
+  kvt__ref *end;   /* where its chunk ends (reverse: the chunk's first ref) */
+  uint32_t chunk;  /* the chunk r lies in */
+} kvt__ref_walk;
+
+/* From ref id on. */
+static inline void kvt__walk_from(const kvt_cache *c, kvt__ref_walk *w, uint32_t id) {
+  kvt__ref_chunk *k = kvt__chunk(c, id / KVT__REF_CHUNK);
+  w->chunk = id / KVT__REF_CHUNK;
+  w->r = &k->r[id % KVT__REF_CHUNK];
+  w->end = k->r + KVT__REF_CHUNK;
+}
+
+static inline kvt__ref *kvt__walk_next(const kvt_cache *c, kvt__ref_walk *w) {
+  if (w->r == w->end) kvt__walk_from(c, w, kvt__chunk(c, w->chunk)->next * KVT__REF_CHUNK);
+  return w->r++;
+}
+
+/* Id of the ref kvt__walk_next returned last. */
+static inline uint32_t kvt__walk_id(const kvt__ref_walk *w) {
+  return w->chunk * KVT__REF_CHUNK + (uint32_t)(w->r - 1 - (w->end - KVT__REF_CHUNK));
+}
+
+/* Backwards from ref id (inclusive) towards the request's first ref. */
+static inline void kvt__walk_back_from(const kvt_cache *c, kvt__ref_walk *w, uint32_t id) {
+  kvt__ref_chunk *k = kvt__chunk(c, id / KVT__REF_CHUNK);
+  w->chunk = id / KVT__REF_CHUNK;
+  w->r = &k->r[id % KVT__REF_CHUNK];
+  w->end = k->r;
+}
+
+static inline kvt__ref *kvt__walk_prev(const kvt_cache *c, kvt__ref_walk *w) {
+  kvt__ref *r = w->r;
+  if (r == w->end) {
+    uint32_t ch = kvt__chunk(c, w->chunk)->prev;
+    if (ch != KVT__NONE) kvt__walk_back_from(c, w, ch * KVT__REF_CHUNK + KVT__REF_CHUNK - 1);
+  } else {
+    w->r--;
+  }
+  return r;
+}
+
 static inline int kvt__has_tier(const kvt_cache *c, int t) { return c->cap[t] > 0; }
 
 #endif

@@ -42,7 +42,7 @@ static uint32_t lookup_local(kvt_cache *c, const kvt_key *keys, size_t n, kvt_lo
   uint32_t cnt[KVT__NTIERS] = {0, 0, 0}, i = 0;
   kvt__index_prefetch(&c->map, keys, n < 64 ? n : 64);
   for (; i < n; i++) {
-    if (i + 64 < n) kvt__index_prefetch(&c->map, &keys[i + 64], 1);
+    if (i + 64 < n) kvt__index_prefetch_key(&c->map, &keys[i + 64]);
     uint32_t e = kvt__index_find(&c->map, &keys[i]);
     if (e == KVT__NONE) break;
     const kvt__entry *en = kvt__E(c, e);

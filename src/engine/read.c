@@ -78,30 +78,36 @@ typedef struct remote_run {
   uint32_t from, n;
 } remote_run;
 
+/* Blocks ahead of the scan whose index words are prefetched. (Prefetching
+ * entries too, once their word has landed, cost more than it saved: a
+ * chain's entries are mostly neighbours, which the hardware streams.) */
+#define SCAN_WORDS_AHEAD 16u
+
 static void scan_prefix(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, const uint32_t *tokens,
                         size_t restore, uint32_t chunk0, const remote_run *rr, scan_result *sr) {
   memset(sr, 0, sizeof *sr);
-  uint32_t id = chunk0 * KVT__REF_CHUNK;
-  kvt__index_prefetch(&c->map, keys, restore < 16 ? restore : 16);
-  for (size_t i = 0; i < restore; i++) {
-    if (i + 16 < restore) kvt__index_prefetch(&c->map, &keys[i + 16], 1);
+  kvt__ref_walk w;
+  kvt__walk_from(c, &w, chunk0 * KVT__REF_CHUNK);
+  kvt__index_prefetch(&c->map, keys, restore < SCAN_WORDS_AHEAD ? restore : SCAN_WORDS_AHEAD);
+  const kvt_key *par = chain_parent_of(c, parent, keys, 0);
+  for (size_t i = 0; i < restore; par = &keys[i++]) {
+    if (i + SCAN_WORDS_AHEAD < restore) kvt__index_prefetch_key(&c->map, &keys[i + SCAN_WORDS_AHEAD]);
     uint32_t e = kvt__index_find(&c->map, &keys[i]);
     if (e == KVT__NONE) {
       /* Only on the remote: fetched through a host slot like a disk block
        * (the entry is made by fill_request; the fetch verifies it). */
       if (i < rr->from || i >= rr->from + rr->n) break;
       if (sr->per_tier[KVT__T_DISK] + sr->per_tier[KVT__T_REMOTE] + sr->per_tier[KVT__T_HOST] >= c->cap[KVT__T_HOST]) break;
-      kvt__ref *r = kvt__ref_at(c, id);
+      kvt__ref *r = kvt__walk_next(c, &w);
       r->entry = KVT__NONE;
       r->key = keys[i];
       r->tier = KVT__T_REMOTE;
       sr->per_tier[KVT__T_REMOTE]++;
       sr->n++;
-      id = kvt__ref_next(c, id);
       continue;
     }
     kvt__entry *en = kvt__E(c, e);
-    if (!kvt__key_eq(&en->parent, chain_parent_of(c, parent, keys, i))) break;
+    if (!kvt__key_eq(&en->parent, par)) break;
     int t = fastest_valid(en);
     if (shared_after_copy(sr, t)) break;
     /* A copy into a faster tier is in flight (another request's load, a
@@ -127,20 +133,22 @@ static void scan_prefix(kvt_cache *c, const kvt_key *parent, const kvt_key *keys
       break;
     }
     kvt__index_pin(&c->map, e, t);
-    kvt__ref *r = kvt__ref_at(c, id);
+    kvt__ref *r = kvt__walk_next(c, &w);
     r->entry = e;
     r->tier = (uint8_t)t;
+    r->slot = en->slot[KVT__T_DEV]; /* a device hit's slot; fill_request sets the others' */
     sr->per_tier[t]++;
     sr->n++;
-    id = kvt__ref_next(c, id);
   }
 }
 
 /* Last pinned first, as kvt_release does. */
 static void unpin_prefix(kvt_cache *c, uint32_t chunk0, uint32_t n) {
   if (n == 0) return;
-  for (uint32_t i = n, id = kvt__ref_id(c, chunk0, n - 1); i-- > 0; id = kvt__ref_prev(c, id)) {
-    const kvt__ref *r = kvt__ref_at(c, id);
+  kvt__ref_walk w;
+  kvt__walk_back_from(c, &w, kvt__ref_id(c, chunk0, n - 1));
+  for (uint32_t i = n; i-- > 0;) {
+    const kvt__ref *r = kvt__walk_prev(c, &w);
     if (r->tier != KVT__T_REMOTE) kvt__index_unpin(&c->map, r->entry, r->tier);
   }
 }
@@ -157,9 +165,10 @@ static void fill_request(kvt_cache *c, kvt__request *rq, uint32_t job, const kvt
   uint32_t total = rq->n_blocks + rq->n_extra;
   kvt__job *jb = job == KVT__NONE ? NULL : &c->jobs[job];
   uint32_t staged = 0; /* host slots held in jb->dev_slots by kvt_acquire */
-  uint32_t id = kvt__req_ref0(rq);
-  for (uint32_t i = 0; i < total; i++, id = kvt__ref_next(c, id)) {
-    kvt__ref *r = kvt__ref_at(c, id);
+  kvt__ref_walk w;
+  kvt__walk_from(c, &w, kvt__req_ref0(rq));
+  for (uint32_t i = 0; i < total; i++) {
+    kvt__ref *r = kvt__walk_next(c, &w);
     const uint32_t *tok = tokens && i < rq->n_blocks ? tokens + (size_t)i * c->bt : NULL;
     if (i >= rq->n_restore) { /* fresh slot for the engine to compute into */
       memset(r, 0, sizeof *r);
@@ -171,19 +180,19 @@ static void fill_request(kvt_cache *c, kvt__request *rq, uint32_t job, const kvt
     }
     r->key = keys[i];
     r->failed = 0;
+    if (r->tier == KVT__T_DEV) { /* scan_prefix noted its slot */
+      slots[i] = r->slot;
+      continue;
+    }
     if (r->tier == KVT__T_REMOTE) /* room was made and the key is absent (prefix_moved): the entry fits */
       r->entry = kvt__index_insert(&c->map, &keys[i], i ? &keys[i - 1] : &rq->parent);
     kvt__entry *en = kvt__E(c, r->entry);
-    if (r->tier == KVT__T_DEV) {
-      r->slot = slots[i] = en->slot[KVT__T_DEV];
-      continue;
-    }
     r->slot = slots[i] = kvt__slots_take(&c->slots[KVT__T_DEV]);
     kvt__op *op = &jb->ops[jb->n_ops++];
     memset(op, 0, sizeof *op);
     op->jb = jb;
     op->entry = r->entry;
-    op->ref = id;
+    op->ref = kvt__walk_id(&w);
     op->slot[KVT__T_DEV] = r->slot;
     op->slot[KVT__T_DISK] = KVT__NONE;
     if (r->tier == KVT__T_HOST) {
@@ -234,9 +243,11 @@ static void unreserve(kvt_cache *c, uint32_t chunk0, const scan_result *sr, uint
  * pinned block into a faster tier (or finished doing so): restoring it
  * again would overwrite that copy's slot. */
 static int prefix_moved(kvt_cache *c, uint32_t chunk0, uint32_t n) {
-  uint32_t id = chunk0 * KVT__REF_CHUNK;
-  for (uint32_t i = 0; i < n; i++, id = kvt__ref_next(c, id)) {
-    const kvt__ref *r = kvt__ref_at(c, id);
+  kvt__ref_walk w;
+  kvt__walk_from(c, &w, chunk0 * KVT__REF_CHUNK);
+  for (uint32_t i = 0; i < n; i++) {
+    const kvt__ref *r = kvt__walk_next(c, &w);
+    if (r->tier == KVT__T_DEV) continue; /* nothing is faster */
     if (r->tier == KVT__T_REMOTE) { /* someone else fetched or computed it meanwhile */
       if (kvt__index_find(&c->map, &r->key) != KVT__NONE) return 1;
       continue;
@@ -535,11 +546,15 @@ static uint32_t commit_blocks(kvt_cache *c, kvt__request *rq, uint32_t n_valid, 
   if (rq->n_committed >= n_valid) return 0;
   uint32_t id = kvt__ref_id(c, rq->chunk0, rq->n_committed);
   const kvt_key *parent = rq->n_committed ? &kvt__ref_at(c, kvt__ref_prev(c, id))->key : &rq->parent;
-  for (uint32_t i = rq->n_committed; i < n_valid; i++, parent = &kvt__ref_at(c, id)->key, id = kvt__ref_next(c, id)) {
-    kvt__ref *r = kvt__ref_at(c, id);
+  kvt__ref_walk w;
+  kvt__walk_from(c, &w, id);
+  for (uint32_t i = rq->n_committed; i < n_valid; i++) {
+    kvt__ref *r = kvt__walk_next(c, &w);
+    const kvt_key *par = parent;
+    parent = &r->key;
     if (r->entry != KVT__NONE) continue; /* restored or a device hit */
     uint32_t e = kvt__index_find(&c->map, &r->key);
-    if (e == KVT__NONE) e = kvt__index_insert(&c->map, &r->key, parent);
+    if (e == KVT__NONE) e = kvt__index_insert(&c->map, &r->key, par);
     if (e == KVT__NONE) break;
     kvt__entry *en = kvt__E(c, e);
     /* Someone else computed it first: ours stays private and is freed. */
@@ -593,9 +608,10 @@ int kvt_release(kvt_cache *c, kvt_req req) {
   while (loading(c, rq)) kvt__wait(c, NULL);
   /* Last block first: ancestors end up more recent than their tails. */
   uint32_t total = rq->n_blocks + rq->n_extra;
-  uint32_t id = rq->chunk_last * KVT__REF_CHUNK + (total - 1) % KVT__REF_CHUNK;
-  for (uint32_t i = total; i-- > 0; id = kvt__ref_prev(c, id)) {
-    kvt__ref *ref = kvt__ref_at(c, id);
+  kvt__ref_walk w;
+  kvt__walk_back_from(c, &w, rq->chunk_last * KVT__REF_CHUNK + (total - 1) % KVT__REF_CHUNK);
+  for (uint32_t i = total; i-- > 0;) {
+    kvt__ref *ref = kvt__walk_prev(c, &w);
     if (ref->entry == KVT__NONE) {
       kvt__slots_put(&c->slots[KVT__T_DEV], ref->slot);
       if (c->dev_has_tokens) c->dev_has_tokens[ref->slot] = 0;
