@@ -189,7 +189,7 @@ typedef enum kvt_disk_backend {
 
 typedef enum kvt_write_policy {
   KVT_WRITE_BACK = 0,   /* copy a block down only when it is evicted (default) */
-  KVT_WRITE_THROUGH = 1 /* copy every committed block down at once */
+  KVT_WRITE_THROUGH = 1 /* copy every committed (or, in storage mode, put) block down at once */
 } kvt_write_policy;
 
 typedef struct kvt_config {
@@ -710,6 +710,10 @@ KVT_API int kvt_exists(kvt_cache *c, const kvt_key *parent, const kvt_key *keys,
 /* Put-from: copies the batch's blocks from the engine's memory into the host
  * tier (or, with no host tier, to disk). A key already stored, or being
  * stored by an earlier job, is not written twice: its result is 1 (skipped).
+ * Under KVT_WRITE_THROUGH the blocks that landed in the host tier are also
+ * written to disk at once, by a spill that starts as the job finishes (the
+ * job does not wait for it; kvt_drain and kvt_close do); under
+ * KVT_WRITE_BACK they reach the disk only when evicted from the host.
  * Returns 1 with *job (always a job, even when every block is skipped), or
  * -EINVAL (arguments; pieces that do not add up to kvt_block_bytes),
  * KVT_ESTATE (not a storage-mode cache), KVT_EUNSUPPORTED (no host and no
@@ -831,7 +835,9 @@ typedef struct kvt_object_info {
  * (kept as it is: kvt_object_remove first to replace it), or -EINVAL,
  * KVT_ELAYOUT, KVT_ESTATE (not a storage-mode cache), -E2BIG, -ENOMEM,
  * KVT_ENOSPACE (the tiers cannot hold every part at once; nothing is
- * kept), or a part's error. data is read during the call only. May block. */
+ * kept), or a part's error. data is read during the call only. Its parts
+ * follow the write policy as kvt_put_from's blocks do (KVT_WRITE_THROUGH:
+ * on disk too, once the spill it starts is over). May block. */
 KVT_API int kvt_object_put(kvt_cache *c, const uint32_t *tokens, size_t n_tokens, const void *data,
                            size_t len);
 
