@@ -11,6 +11,7 @@
 
 #include "core/hash.h"
 #include "engine/storage.h"
+#include "store/record.h"
 #include "util/clock.h"
 
 #define OBJECT_MAGIC 0x32304a424f54564bull /* "KVTOBJ02" */
@@ -229,6 +230,24 @@ out:
   return rc;
 }
 
+/* Part 0's header and trailer read in place from its host slot, without a
+ * job (a worker's wake-up costs more than the 80 bytes): 0, or KVT_EMISS
+ * when part 0 is not in the host tier. A valid slot is rewritten only after
+ * it has been dropped, under the lock held here. */
+static int header_in_host(kvt_cache *c, const kvt_key *k0, size_t block, object_header *h, part_trailer *t) {
+  int rc = KVT_EMISS;
+  pthread_mutex_lock(&c->lock);
+  uint32_t e = kvt__index_find(&c->map, k0);
+  if (e != KVT__NONE && kvt__E(c, e)->state[KVT__T_HOST] == KVT__VALID) {
+    const char *p = kvt__record_payload(kvt__host_slot(&c->host, kvt__E(c, e)->slot[KVT__T_HOST]), c->bt);
+    memcpy(h, p, HEADER_BYTES);
+    memcpy(t, p + block - TRAILER_BYTES, TRAILER_BYTES);
+    rc = 0;
+  }
+  pthread_mutex_unlock(&c->lock);
+  return rc;
+}
+
 /* Reads and checks the header of the object filed under key into *h. */
 static int read_header(kvt_cache *c, const kvt_key *key, char *scratch, size_t block, object_header *h) {
   kvt_key k0;
@@ -237,11 +256,13 @@ static int read_header(kvt_cache *c, const kvt_key *key, char *scratch, size_t b
   int rc = kvt_exists(c, NULL, &k0, 1, KVT_KEYS_OPAQUE, &res, NULL);
   if (rc) return rc;
   if (res.n_prefix != 1) return KVT_EMISS;
-  kvt_piece p = {.ptr = scratch, .len = block};
-  if ((rc = run_parts(c, 1, &k0, &p, 1, 1)) != 0) return rc;
   part_trailer t;
-  memcpy(h, scratch, HEADER_BYTES);
-  memcpy(&t, scratch + block - TRAILER_BYTES, TRAILER_BYTES);
+  if (header_in_host(c, &k0, block, h, &t) != 0) {
+    kvt_piece p = {.ptr = scratch, .len = block};
+    if ((rc = run_parts(c, 1, &k0, &p, 1, 1)) != 0) return rc;
+    memcpy(h, scratch, HEADER_BYTES);
+    memcpy(&t, scratch + block - TRAILER_BYTES, TRAILER_BYTES);
+  }
   if (h->magic != OBJECT_MAGIC || !kvt__key_eq(&h->key, key) || h->bytes == 0 || h->bytes > MAX_OBJECT_BYTES ||
       h->parts != parts_for(h->bytes, block) || t.nonce != h->nonce || t.index != 0 || t.parts != h->parts)
     return KVT_ECORRUPT;
