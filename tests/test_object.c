@@ -84,8 +84,9 @@ static void put_pattern(kvt_cache *c, const uint32_t *tokens, size_t n, size_t l
 static void objects_of_any_size_round_trip_exactly(void **s) {
   (void)s;
   kvt_cache *c = open_objects(64, 0, 1, KVT_LAYOUT_STORAGE);
-  /* One byte, one part exactly full, one byte over, many parts, odd tails. */
-  const size_t sizes[] = {1, BLOCK - 64, BLOCK - 63, 2 * BLOCK - 64, 5 * BLOCK + 12345, 100003};
+  /* One byte, one part exactly full (a 64-byte header and a 16-byte
+   * trailer besides), one byte over, two parts full, many, odd tails. */
+  const size_t sizes[] = {1, BLOCK - 80, BLOCK - 79, 2 * BLOCK - 96, 5 * BLOCK + 12345, 100003};
   uint32_t tokens[NTOK];
   for (uint32_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
     conversation(tokens, NTOK, i + 1);
@@ -97,7 +98,7 @@ static void objects_of_any_size_round_trip_exactly(void **s) {
     kvt_object_info info = find(c, tokens, NTOK, 0);
     assert_int_equal(info.n_tokens, BT * 2 + i);
     assert_int_equal(info.match_tokens, BT * 2 + i);
-    assert_int_equal(info.parts, (sizes[i] + 64 + BLOCK - 1) / BLOCK);
+    assert_int_equal(info.parts, (sizes[i] + 64 + BLOCK - 16 - 1) / (BLOCK - 16));
   }
   kvt_close(c);
 }
@@ -217,6 +218,61 @@ static void a_corrupted_part_is_a_miss(void **s) {
   kvt_close(c);
 }
 
+/* Every record of the disk file (slots of them), read whole. */
+static char *read_records(uint64_t slots) {
+  size_t rec = kvt__record_bytes(BT, BLOCK);
+  char *all = malloc(slots * rec);
+  assert_non_null(all);
+  int fd = open(path, O_RDONLY);
+  assert_true(fd >= 0);
+  assert_int_equal(pread(fd, all, slots * rec, 4096), (ssize_t)(slots * rec));
+  close(fd);
+  return all;
+}
+
+/* A part from another put of the same key (its record intact: the right key,
+ * a good checksum) is not one object with the others: refused, removed. */
+static void a_part_of_another_put_is_refused(void **s) {
+  (void)s;
+  kvt_cache *c = open_objects(0, 16, 1, KVT_LAYOUT_STORAGE);
+  uint32_t tokens[NTOK];
+  conversation(tokens, NTOK, 8);
+  put_pattern(c, tokens, NTOK, 3 * BLOCK, 31, 0);
+  char *old = read_records(16);
+  assert_int_equal(kvt_object_remove(c, tokens, NTOK), 0);
+  put_pattern(c, tokens, NTOK, 3 * BLOCK, 32, 0);
+  char *now = read_records(16);
+  /* One of the first put's records back in place of the second's part with
+   * the same key. */
+  size_t rec = kvt__record_bytes(BT, BLOCK);
+  int fd = open(path, O_RDWR), swapped = 0;
+  assert_true(fd >= 0);
+  kvt_object_info info = find(c, tokens, NTOK, 0);
+  for (uint64_t a = 0; a < 16 && !swapped; a++) {
+    const kvt__record_hdr *ha = (const kvt__record_hdr *)(const void *)(old + a * rec);
+    if (ha->magic != KVT_RECORD_MAGIC) continue;
+    for (uint64_t b = 0; b < 16 && !swapped; b++) {
+      const kvt__record_hdr *hb = (const kvt__record_hdr *)(const void *)(now + b * rec);
+      if (hb->magic != KVT_RECORD_MAGIC || memcmp(&ha->key, &hb->key, sizeof ha->key) ||
+          !memcmp(old + a * rec, now + b * rec, rec))
+        continue;
+      assert_int_equal(pwrite(fd, old + a * rec, rec, 4096 + (off_t)(b * rec)), (ssize_t)rec);
+      swapped = 1;
+    }
+  }
+  fsync(fd);
+  close(fd);
+  assert_true(swapped);
+  char *buf = malloc(3 * BLOCK);
+  assert_non_null(buf);
+  assert_int_equal(kvt_object_get(c, &info, tokens, buf, 3 * BLOCK), KVT_ECORRUPT);
+  find(c, tokens, NTOK, KVT_EMISS);
+  free(buf);
+  free(old);
+  free(now);
+  kvt_close(c);
+}
+
 static void objects_on_disk_survive_a_reopen(void **s) {
   (void)s;
   kvt_cache *c = open_objects(4, 64, 1, KVT_LAYOUT_STORAGE);
@@ -285,6 +341,7 @@ int main(void) {
       cmocka_unit_test(the_longest_stored_prefix_is_found),
       cmocka_unit_test(a_second_put_is_kept_and_remove_forgets),
       cmocka_unit_test(a_corrupted_part_is_a_miss),
+      cmocka_unit_test(a_part_of_another_put_is_refused),
       cmocka_unit_test(objects_on_disk_survive_a_reopen),
       cmocka_unit_test(bad_arguments),
   };

@@ -30,6 +30,7 @@ typedef struct kl_options {
   uint64_t host_bytes;     /* kvtier's host tier (256 MiB) */
   uint64_t disk_bytes;     /* kvtier's disk tier (1 GiB) */
   int disk_reset;          /* 1: start the disk tier empty */
+  int write_through;       /* 1 (default): a parked state goes to disk at once too, so a restart keeps it */
   int force;               /* 0: the cost model decides; 1: always restore; -1: never */
 } kl_options;
 
@@ -45,6 +46,10 @@ typedef struct kl_turn {
   int decided_recompute;   /* the cost model chose recomputing over a stored object */
   double ttft_s;           /* from the call to the first token's logits */
   double est_restore_s, est_recompute_s;
+  /* Where ttft_s went (wall seconds): kvt_object_find, kvt_object_get,
+   * llama_state_seq_set_data plus the truncation, and the prefill. */
+  double find_s, get_s, set_s, prefill_s;
+  double restore_cpu_s;    /* process CPU time of find + get + set (every thread's) */
 } kl_turn;
 
 typedef struct kl_engine {
@@ -80,12 +85,19 @@ int kl_serve(kl_engine *e, const llama_token *t, size_t n, float *logits, kl_tur
  * object for that prefix was already stored) or a negative code. */
 int kl_park(kl_engine *e, const llama_token *t, size_t n);
 
-/* Drops the context's conversation without storing it. */
+/* Closes kvtier's cache and opens it again on the same disk tier, as a
+ * process restart does (llama.cpp's model and context stay): the host tier
+ * starts empty, the disk tier is recovered. Returns 0 or kvt_open's code. */
+int kl_restart_cache(kl_engine *e);
+
+/* Drops the context's conversation without storing it (its cells; the
+ * bytes left behind are masked out, never read). */
 void kl_clear(kl_engine *e);
 
 /* Prefills t[from..to) after what the context holds; logits as kl_serve. */
 int kl_prefill(kl_engine *e, const llama_token *t, size_t from, size_t to, float *logits);
 
 double kl_now(void);
+double kl_cpu_now(void); /* the process's CPU time, every thread's (seconds) */
 
 #endif

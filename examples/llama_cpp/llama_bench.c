@@ -1,21 +1,47 @@
 /* Time to first token for a returning llama.cpp conversation: kvtier's
- * restore (host tier, disk tier, disk after a restart) against recomputing
- * and against llama.cpp's own mechanism (llama_state_seq_save_file /
- * load_file, what its server's slot save/restore calls), per context length;
- * then a multi-conversation run through a host tier that holds a few states.
+ * restore (host tier, disk tier, disk tier after a restart) against
+ * recomputing and against llama.cpp's own mechanism
+ * (llama_state_seq_save_file / load_file, what its server's slot
+ * save/restore calls), per context length; then conversations taking turns
+ * through a host tier that holds a quarter of their states.
  *
  *   llama_bench --model M.gguf [--dir D] [--lengths 512,2048,4096,8192]
- *               [--new 32] [--threads 2] [--reps 3] [--convs 8] [--conv-tokens 2048]
- * A returning conversation has `length` tokens stored and `new` tokens more.
- * Every figure is the median of --reps runs, in milliseconds, with its ratio
- * to recomputing measured in the same run. The disk tier and llama.cpp's
- * files are read through the OS's page cache (just written) in both cases.
+ *               [--new 32] [--threads 2] [--rounds 15] [--reps 3]
+ *               [--convs 8] [--conv-tokens 2048]
+ *
+ * A returning conversation has `length` tokens stored and `new` more. Every
+ * mode restores the same state (one llama_state_seq_get_data, put into
+ * kvtier and saved to llama.cpp's file) and prefills the same new tokens.
+ * The modes run interleaved, in a rotating order, for --rounds rounds
+ * (recomputing, which takes seconds, in the first --reps of them); each
+ * figure is a median. The time to first token is mostly the new tokens'
+ * prefill, the same work in every mode, so on a loaded machine its noise
+ * hides the restores: they are also reported on their own, in wall time and
+ * in process CPU time (every thread's: kvtier's workers and disk threads
+ * included), which the load disturbs far less.
+ *
+ * Page cache, stated: kvtier's disk tier reads with O_DIRECT, so it always
+ * reads the device. llama.cpp's file is read twice per round: once just
+ * written (in the OS's page cache, the counterpart of kvtier's host tier)
+ * and once after fdatasync + POSIX_FADV_DONTNEED have dropped it (from the
+ * device, the counterpart of kvtier's disk tier).
  */
+#define _GNU_SOURCE
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kvt_llama.h"
+
+enum { M_RECOMPUTE, M_HOST, M_DISK, M_RESTART, M_FILE_WARM, M_FILE_COLD, N_MODES };
+static const char *mode_names[N_MODES] = {"recompute",          "kvtier host",     "kvtier disk",
+                                          "kvtier disk+restart", "llama file warm", "llama file cold"};
+
+typedef struct sample {
+  double ttft, restore, cpu; /* seconds: first token, restore alone (wall), restore's process CPU */
+} sample;
 
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
@@ -23,8 +49,9 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 static double median(double *v, int n) {
+  if (n == 0) return 0;
   qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return v[n / 2];
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 static void tokens_of(llama_token *t, size_t n, uint32_t seed, int32_t n_vocab) {
@@ -35,213 +62,275 @@ static void tokens_of(llama_token *t, size_t n, uint32_t seed, int32_t n_vocab) 
   }
 }
 
+static double load_avg(void) {
+  double l = -1;
+  FILE *f = fopen("/proc/loadavg", "r");
+  if (f) {
+    if (fscanf(f, "%lf", &l) != 1) l = -1;
+    fclose(f);
+  }
+  return l;
+}
+
+/* The file's pages out of the OS's page cache (written back first). */
+static void drop_cached(const char *path) {
+  int fd = open(path, O_RDONLY);
+  if (fd < 0) return;
+  fdatasync(fd);
+  posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  close(fd);
+}
+
 typedef struct bench {
   kl_options o;
   const char *dir;
-  char disk[4096], file[4096];
-  int reps;
+  char disk_h[4096], disk_d[4096], file[4096];
+  int rounds, reps;
   size_t fresh;
 } bench;
 
-/* kvtier: store the state of t[0..len), then serve t[0..len+fresh). */
-static double kvtier_ttft(kl_engine *e, const llama_token *t, size_t len, size_t fresh, uint32_t want_tier) {
+/* One kvtier turn: the state of t[0..len) restored from want_tier, then
+ * the new tokens prefilled. */
+static int kvtier_sample(kl_engine *e, const llama_token *t, size_t len, size_t fresh, uint32_t want, sample *s) {
   kl_turn tr;
   kl_clear(e);
-  if (kl_prefill(e, t, 0, len, NULL) || kl_park(e, t, len) < 0) return -1;
-  if (kl_serve(e, t, len + fresh, NULL, &tr) || tr.restored != len || tr.tier != want_tier) {
-    fprintf(stderr, "llama_bench: kvtier restored %llu of %zu tokens (tier %u)\n", (unsigned long long)tr.restored,
-            len, tr.tier);
+  if (kl_serve(e, t, len + fresh, NULL, &tr) || tr.restored != len || tr.tier != want) {
+    fprintf(stderr, "llama_bench: kvtier restored %llu of %zu tokens (tier %u, wanted %u)\n",
+            (unsigned long long)tr.restored, len, tr.tier, want);
     return -1;
   }
-  return tr.ttft_s;
+  *s = (sample){tr.ttft_s, tr.find_s + tr.get_s + tr.set_s, tr.restore_cpu_s};
+  return 0;
 }
 
-static int remove_object(kl_engine *e, const llama_token *t, size_t len) {
-  return kvt_object_remove(e->cache, (const uint32_t *)t, len);
-}
-
-/* llama.cpp's own: the sequence's state saved to a file, loaded back. */
-static double llama_file_ttft(kl_engine *e, const char *path, const llama_token *t, size_t len, size_t fresh,
-                              llama_token *scratch) {
+/* llama.cpp's own: the sequence's state loaded from its file. */
+static int file_sample(kl_engine *e, const char *path, const llama_token *t, size_t len, size_t fresh,
+                       llama_token *scratch, sample *s) {
   kl_clear(e);
-  if (kl_prefill(e, t, 0, len, NULL)) return -1;
-  if (llama_state_seq_save_file(e->ctx, path, 0, t, len) == 0) return -1;
-  kl_clear(e);
-  double t0 = kl_now();
+  double t0 = kl_now(), c0 = kl_cpu_now();
   size_t n = 0;
   if (llama_state_seq_load_file(e->ctx, path, 0, scratch, len + fresh, &n) == 0 || n != len) return -1;
+  double t1 = kl_now(), c1 = kl_cpu_now();
   if (kl_prefill(e, t, len, len + fresh, NULL)) return -1;
-  return kl_now() - t0;
+  *s = (sample){kl_now() - t0, t1 - t0, c1 - c0};
+  return 0;
+}
+
+static int recompute_sample(kl_engine *e, const llama_token *t, size_t n, sample *s) {
+  kl_clear(e);
+  double t0 = kl_now();
+  if (kl_prefill(e, t, 0, n, NULL)) return -1;
+  *s = (sample){kl_now() - t0, 0, 0};
+  return 0;
+}
+
+/* The state of t[0..len) into both caches and llama.cpp's file: the same bytes. */
+static int store_state(bench *b, kl_engine *h, kl_engine *d, const llama_token *t, size_t len, size_t *bytes) {
+  kl_clear(h);
+  if (kl_prefill(h, t, 0, len, NULL)) return -1;
+  if (llama_state_seq_save_file(h->ctx, b->file, 0, t, len) == 0) return -1;
+  size_t need = llama_state_seq_get_size(h->ctx, 0);
+  uint8_t *st = malloc(need);
+  if (!st) return -1;
+  *bytes = llama_state_seq_get_data(h->ctx, st, need, 0);
+  kvt_object_remove(h->cache, (const uint32_t *)t, len);
+  kvt_object_remove(d->cache, (const uint32_t *)t, len);
+  int rc = kvt_object_put(h->cache, (const uint32_t *)t, len, st, *bytes) ||
+           kvt_object_put(d->cache, (const uint32_t *)t, len, st, *bytes);
+  free(st);
+  kvt_drain(h->cache);
+  kvt_drain(d->cache);
+  kl_clear(h);
+  return rc ? -1 : 0;
+}
+
+static int run_mode(bench *b, int m, kl_engine *h, kl_engine *d, const llama_token *t, size_t len,
+                    llama_token *scratch, sample *s) {
+  switch (m) {
+  case M_RECOMPUTE: return recompute_sample(h, t, len + b->fresh, s);
+  case M_HOST: return kvtier_sample(h, t, len, b->fresh, KVT_TIER_HOST, s);
+  case M_DISK: return kvtier_sample(d, t, len, b->fresh, KVT_TIER_DISK, s);
+  case M_RESTART:
+    if (kl_restart_cache(d)) return -1;
+    return kvtier_sample(d, t, len, b->fresh, KVT_TIER_DISK, s);
+  case M_FILE_WARM: return file_sample(h, b->file, t, len, b->fresh, scratch, s);
+  default: drop_cached(b->file); return file_sample(h, b->file, t, len, b->fresh, scratch, s);
+  }
+}
+
+static void print_length(bench *b, size_t len, size_t bytes, sample (*v)[64], const int *n) {
+  double med[N_MODES][3];
+  for (int m = 0; m < N_MODES; m++) {
+    double w[64], r[64], c[64];
+    for (int i = 0; i < n[m]; i++) w[i] = v[m][i].ttft, r[i] = v[m][i].restore, c[i] = v[m][i].cpu;
+    med[m][0] = median(w, n[m]);
+    med[m][1] = median(r, n[m]);
+    med[m][2] = median(c, n[m]);
+  }
+  printf("\n%zu tokens stored + %zu new; state %.2f MB; medians of %d rounds (recompute: %d), load average now %.1f\n",
+         len, b->fresh, (double)bytes / 1e6, n[M_HOST], n[M_RECOMPUTE], load_avg());
+  printf("  %-20s %11s %9s %14s %14s\n", "mode", "TTFT ms", "speedup", "restore ms", "restore CPU ms");
+  for (int m = 0; m < N_MODES; m++) {
+    if (m == M_RECOMPUTE)
+      printf("  %-20s %11.1f %9s %14s %14s\n", mode_names[m], med[m][0] * 1e3, "1x", "-", "-");
+    else
+      printf("  %-20s %11.1f %8.0fx %14.2f %14.2f\n", mode_names[m], med[m][0] * 1e3, med[0][0] / med[m][0],
+             med[m][1] * 1e3, med[m][2] * 1e3);
+  }
+  printf("  kvtier / llama.cpp file, restore (wall, CPU): host/warm %.2f, %.2f; disk/cold %.2f, %.2f; "
+         "disk+restart/cold %.2f, %.2f\n",
+         med[M_HOST][1] / med[M_FILE_WARM][1], med[M_HOST][2] / med[M_FILE_WARM][2],
+         med[M_DISK][1] / med[M_FILE_COLD][1], med[M_DISK][2] / med[M_FILE_COLD][2],
+         med[M_RESTART][1] / med[M_FILE_COLD][1], med[M_RESTART][2] / med[M_FILE_COLD][2]);
 }
 
 static int per_length(bench *b, const size_t *lengths, int n_len) {
   size_t max = 0;
   for (int i = 0; i < n_len; i++) max = lengths[i] > max ? lengths[i] : max;
   b->o.n_ctx = (uint32_t)(max + b->fresh + 64);
-  b->o.host_bytes = 1ull << 30;
   b->o.disk_bytes = 4ull << 30;
-  b->o.disk_path = b->disk;
   b->o.disk_reset = 1;
   b->o.force = 1;
-  kl_engine host, disk;
-  if (kl_open(&host, &b->o)) return -1;
-  llama_token *t = malloc((max + b->fresh) * sizeof *t), *scratch = malloc((max + b->fresh) * sizeof *t);
-  double *v = malloc((size_t)b->reps * sizeof *v);
-  double (*res)[6] = calloc((size_t)n_len, sizeof *res);
-  size_t *bytes = calloc((size_t)n_len, sizeof *bytes);
-  if (!t || !scratch || !v || !res || !bytes) return -1;
-  /* Warm up (first decode allocates its buffers); calibrates the prefill rate. */
-  tokens_of(t, 256, 1, host.n_vocab);
-  kl_prefill(&host, t, 0, 256, NULL);
-  kl_clear(&host);
-  for (int i = 0; i < n_len; i++) {
-    size_t len = lengths[i];
-    tokens_of(t, len + b->fresh, 100 + (uint32_t)i, host.n_vocab);
-    for (int r = 0; r < b->reps; r++) { /* recompute */
-      kl_clear(&host);
-      double t0 = kl_now();
-      if (kl_prefill(&host, t, 0, len + b->fresh, NULL)) return -1;
-      v[r] = kl_now() - t0;
-    }
-    res[i][0] = median(v, b->reps);
-    kl_clear(&host);
-    if (kl_prefill(&host, t, 0, len, NULL)) return -1;
-    bytes[i] = llama_state_seq_get_size(host.ctx, 0);
-    for (int r = 0; r < b->reps; r++) { /* kvtier, host tier */
-      if ((v[r] = kvtier_ttft(&host, t, len, b->fresh, KVT_TIER_HOST)) < 0) return -1;
-      remove_object(&host, t, len);
-    }
-    res[i][1] = median(v, b->reps);
-    for (int r = 0; r < b->reps; r++) /* llama.cpp's state file */
-      if ((v[r] = llama_file_ttft(&host, b->file, t, len, b->fresh, scratch)) < 0) return -1;
-    res[i][4] = median(v, b->reps);
-  }
-  kl_close(&host);
-
-  /* The disk tier alone (no host tier: the state goes straight to disk),
-   * then the same after a restart of the engine. */
+  kl_engine h, d; /* a host tier over a disk tier; a disk tier alone */
+  b->o.host_bytes = 1ull << 30;
+  b->o.disk_path = b->disk_h;
+  if (kl_open(&h, &b->o)) return -1;
   b->o.host_bytes = 0;
-  if (kl_open(&disk, &b->o)) return -1;
+  b->o.disk_path = b->disk_d;
+  if (kl_open(&d, &b->o)) return -1;
+  llama_token *t = malloc((max + b->fresh) * sizeof *t), *scratch = malloc((max + b->fresh) * sizeof *t);
+  sample(*v)[64] = calloc(N_MODES, sizeof *v);
+  if (!t || !scratch || !v) return -1;
+  /* Warm up (the first decodes allocate their buffers). */
+  tokens_of(t, 256, 1, h.n_vocab);
+  kl_prefill(&h, t, 0, 256, NULL);
+  kl_prefill(&d, t, 0, 256, NULL);
+  printf("\nTTFT of a returning conversation (ms; speedup over recomputing in the same rounds). Restore: "
+         "kvtier's find + get + set_data, llama.cpp's load_file (its read + set_data)\n");
   for (int i = 0; i < n_len; i++) {
-    size_t len = lengths[i];
-    tokens_of(t, len + b->fresh, 100 + (uint32_t)i, disk.n_vocab);
-    for (int r = 0; r < b->reps; r++) {
-      if ((v[r] = kvtier_ttft(&disk, t, len, b->fresh, KVT_TIER_DISK)) < 0) return -1;
-      if (r + 1 < b->reps) remove_object(&disk, t, len);
-    }
-    res[i][2] = median(v, b->reps);
-  }
-  kl_close(&disk);
-  b->o.disk_reset = 0;
-  for (int r = 0; r < b->reps; r++) {
-    if (kl_open(&disk, &b->o)) return -1;
-    for (int i = 0; i < n_len; i++) {
-      size_t len = lengths[i];
-      kl_turn tr;
-      tokens_of(t, len + b->fresh, 100 + (uint32_t)i, disk.n_vocab);
-      if (kl_serve(&disk, t, len + b->fresh, NULL, &tr) || tr.restored != len) {
-        fprintf(stderr, "llama_bench: nothing restored after the restart at %zu tokens\n", len);
-        return -1;
+    size_t len = lengths[i], bytes = 0;
+    tokens_of(t, len + b->fresh, 100 + (uint32_t)i, h.n_vocab);
+    if (store_state(b, &h, &d, t, len, &bytes)) return -1;
+    int n[N_MODES] = {0};
+    for (int r = 0; r < b->rounds; r++) {
+      for (int k = 0; k < N_MODES; k++) {
+        int m = (k + r) % N_MODES;
+        if (m == M_RECOMPUTE && r >= b->reps) continue;
+        sample s;
+        if (run_mode(b, m, &h, &d, t, len, scratch, &s)) {
+          fprintf(stderr, "llama_bench: %s failed at %zu tokens\n", mode_names[m], len);
+          return -1;
+        }
+        v[m][n[m]++] = s;
       }
-      res[i][3] += tr.ttft_s / b->reps; /* mean over restarts */
+      fprintf(stderr, "\r%zu tokens: round %d/%d", len, r + 1, b->rounds);
     }
-    kl_close(&disk);
+    fprintf(stderr, "\n");
+    print_length(b, len, bytes, v, n);
   }
-
-  printf("\nTTFT of a returning conversation: <length> tokens stored, %zu new (ms; x = speedup over recompute)\n",
-         b->fresh);
-  printf("%7s %9s %10s %16s %16s %19s %18s\n", "tokens", "state MB", "recompute", "kvtier host", "kvtier disk",
-         "kvtier disk+restart", "llama.cpp file");
-  for (int i = 0; i < n_len; i++) {
-    double rc = res[i][0];
-    printf("%7zu %9.1f %10.1f %9.2f (%4.0fx) %9.2f (%4.0fx) %12.2f (%4.0fx) %11.2f (%4.0fx)\n", lengths[i],
-           (double)bytes[i] / 1e6, rc * 1e3, res[i][1] * 1e3, rc / res[i][1], res[i][2] * 1e3, rc / res[i][2],
-           res[i][3] * 1e3, rc / res[i][3], res[i][4] * 1e3, rc / res[i][4]);
-  }
+  kl_close(&h);
+  kl_close(&d);
   free(t);
   free(scratch);
   free(v);
-  free(res);
-  free(bytes);
   return 0;
 }
 
 /* Conversations taking turns (the trace shape: a long first prompt, then
- * short user turns) through a host tier that holds about a quarter of them;
- * total TTFT under kvtier (cost model deciding), recomputing everything, and
- * llama.cpp's state files. */
+ * short user turns) through a host tier that holds a quarter of their
+ * states, the rest on disk; total TTFT under kvtier (the cost model
+ * deciding), recomputing everything, and llama.cpp's state files (read
+ * from the page cache, or from the device). The modes take each turn one
+ * after another, on the same context, so the machine's load falls on all. */
+enum { C_KVTIER, C_RECOMPUTE, C_FILE_WARM, C_FILE_COLD, N_CMODES };
+static const char *cmode_names[N_CMODES] = {"kvtier (cost model)", "recompute", "llama file warm",
+                                            "llama file cold"};
+
+static int file_turn(bench *b, kl_engine *e, int mode, int c, const llama_token *ct, size_t prev, size_t len,
+                     llama_token *scratch, size_t cap, double *ttft) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/llama_bench_conv%d_%d.state", b->dir, c, mode);
+  if (prev && mode == C_FILE_COLD) drop_cached(path);
+  kl_clear(e);
+  double t0 = kl_now();
+  size_t n = 0;
+  if (prev && (llama_state_seq_load_file(e->ctx, path, 0, scratch, cap, &n) == 0 || n != prev)) return -1;
+  if (kl_prefill(e, ct, n, len, NULL)) return -1;
+  *ttft = kl_now() - t0;
+  if (llama_state_seq_save_file(e->ctx, path, 0, ct, len) == 0) return -1;
+  kl_clear(e);
+  return 0;
+}
+
 static int conversations(bench *b, int convs, size_t conv_tokens) {
   const int turns = 4;
   const size_t first = conv_tokens / 2, step = (conv_tokens - first) / turns;
   b->o.n_ctx = (uint32_t)(conv_tokens + 64);
-  b->o.disk_path = b->disk;
+  b->o.disk_path = b->disk_h;
   b->o.disk_reset = 1;
   b->o.force = 0;
+  b->o.host_bytes = 64ull << 20;
   kl_engine e;
   if (kl_open(&e, &b->o)) return -1;
-  /* Each conversation's state is about bytes_per_token x tokens. */
   llama_token *t = malloc((size_t)convs * conv_tokens * sizeof *t), *scratch = malloc(conv_tokens * sizeof *t);
   if (!t || !scratch) return -1;
   for (int c = 0; c < convs; c++) tokens_of(t + (size_t)c * conv_tokens, conv_tokens, 500 + (uint32_t)c, e.n_vocab);
-  kl_prefill(&e, t, 0, 256, NULL); /* warm up and calibrate */
+  kl_prefill(&e, t, 0, 64, NULL);
+  size_t per_token = llama_state_seq_get_size(e.ctx, 0) / 64;
+  kl_prefill(&e, t, 64, 256, NULL); /* warm up and calibrate */
   kl_clear(&e);
-  size_t per_token = 0;
-  {
-    kl_prefill(&e, t, 0, 64, NULL);
-    per_token = llama_state_seq_get_size(e.ctx, 0) / 64;
-    kl_clear(&e);
-  }
   kl_close(&e);
   b->o.host_bytes = (uint64_t)per_token * conv_tokens * (uint64_t)convs / 4;
   b->o.disk_bytes = (uint64_t)per_token * conv_tokens * (uint64_t)convs * 3;
-  const char *mode_name[3] = {"kvtier (cost model)", "recompute", "llama.cpp files"};
-  double total[3] = {0};
-  uint64_t tiers[3] = {0};
-  for (int mode = 0; mode < 3; mode++) {
-    b->o.force = mode == 1 ? -1 : 0;
-    if (kl_open(&e, &b->o)) return -1;
-    for (int r = 0; r <= turns; r++) {
-      size_t len = r == 0 ? first : first + (size_t)r * step;
-      size_t prev = r == 0 ? 0 : first + (size_t)(r - 1) * step;
-      for (int c = 0; c < convs; c++) {
-        llama_token *ct = t + (size_t)c * conv_tokens;
-        if (mode < 2) {
+  if (kl_open(&e, &b->o)) return -1;
+  double total[N_CMODES] = {0};
+  uint64_t tiers[3] = {0}, recomputed = 0;
+  for (int r = 0; r <= turns; r++) {
+    size_t len = r == 0 ? first : first + (size_t)r * step;
+    size_t prev = r == 0 ? 0 : first + (size_t)(r - 1) * step;
+    for (int c = 0; c < convs; c++) {
+      const llama_token *ct = t + (size_t)c * conv_tokens;
+      for (int k = 0; k < N_CMODES; k++) {
+        int m = (k + c + r) % N_CMODES;
+        double s = 0;
+        if (m == C_KVTIER) {
           kl_turn tr;
           if (kl_serve(&e, ct, len, NULL, &tr)) return -1;
-          total[mode] += tr.ttft_s;
-          if (mode == 0 && tr.restored) tiers[tr.tier]++;
+          s = tr.ttft_s;
+          if (tr.restored) tiers[tr.tier]++;
+          recomputed += (uint64_t)tr.decided_recompute;
           if (kl_park(&e, ct, len) < 0) return -1;
-        } else {
-          char path[4200];
-          snprintf(path, sizeof path, "%s/llama_bench_conv%d.state", b->dir, c);
+        } else if (m == C_RECOMPUTE) {
           kl_clear(&e);
           double t0 = kl_now();
-          size_t n = 0;
-          if (r > 0 && (llama_state_seq_load_file(e.ctx, path, 0, scratch, conv_tokens, &n) == 0 || n != prev))
-            return -1;
-          if (kl_prefill(&e, ct, n, len, NULL)) return -1;
-          total[mode] += kl_now() - t0;
-          if (llama_state_seq_save_file(e.ctx, path, 0, ct, len) == 0) return -1;
+          if (kl_prefill(&e, ct, 0, len, NULL)) return -1;
+          s = kl_now() - t0;
           kl_clear(&e);
+        } else if (file_turn(b, &e, m, c, ct, prev, len, scratch, conv_tokens, &s)) {
+          return -1;
         }
+        total[m] += s;
       }
     }
-    kl_close(&e);
-    b->o.disk_reset = 1;
+    fprintf(stderr, "\rconversations: turn %d/%d", r + 1, turns + 1);
   }
-  for (int c = 0; c < convs; c++) {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/llama_bench_conv%d.state", b->dir, c);
-    remove(path);
-  }
-  printf("\n%d conversations x %d turns (%zu tokens first, +%zu a turn, up to %zu), host tier %.0f MB "
-         "(a quarter of the states), the rest on disk\n",
-         convs, turns + 1, first, step, conv_tokens - (conv_tokens - first) % turns, (double)b->o.host_bytes / 1e6);
-  printf("kvtier restores: %llu from host, %llu from disk\n", (unsigned long long)tiers[KVT_TIER_HOST],
-         (unsigned long long)tiers[KVT_TIER_DISK]);
-  for (int mode = 0; mode < 3; mode++)
-    printf("%-22s total TTFT %9.1f ms  (%.2fx recompute's)\n", mode_name[mode], total[mode] * 1e3,
-           total[mode] / total[1]);
+  fprintf(stderr, "\n");
+  kl_close(&e);
+  for (int c = 0; c < convs; c++)
+    for (int m = C_FILE_WARM; m <= C_FILE_COLD; m++) {
+      char path[4200];
+      snprintf(path, sizeof path, "%s/llama_bench_conv%d_%d.state", b->dir, c, m);
+      remove(path);
+    }
+  printf("\n%d conversations x %d turns (%zu tokens first, +%zu a turn), kvtier's host tier %.0f MB (a quarter of "
+         "the states), the rest on disk; modes interleaved turn by turn; load average now %.1f\n",
+         convs, turns + 1, first, step, (double)b->o.host_bytes / 1e6, load_avg());
+  printf("kvtier restores: %llu from host, %llu from disk; %llu recomputed by the cost model's choice\n",
+         (unsigned long long)tiers[KVT_TIER_HOST], (unsigned long long)tiers[KVT_TIER_DISK],
+         (unsigned long long)recomputed);
+  for (int m = 0; m < N_CMODES; m++)
+    printf("  %-20s total TTFT %9.1f ms  (%.2fx recompute's)\n", cmode_names[m], total[m] * 1e3,
+           total[m] / total[C_RECOMPUTE]);
   free(t);
   free(scratch);
   return 0;
@@ -253,6 +342,7 @@ int main(int argc, char **argv) {
   memset(&b, 0, sizeof b);
   kl_options_init(&b.o);
   b.dir = "/tmp";
+  b.rounds = 15;
   b.reps = 3;
   b.fresh = 32;
   size_t lengths[16] = {512, 2048, 4096, 8192};
@@ -262,6 +352,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[i], "--model") && i + 1 < argc) b.o.model_path = argv[++i];
     else if (!strcmp(argv[i], "--dir") && i + 1 < argc) b.dir = argv[++i];
     else if (!strcmp(argv[i], "--threads") && i + 1 < argc) b.o.threads = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) b.rounds = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--reps") && i + 1 < argc) b.reps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--new") && i + 1 < argc) b.fresh = (size_t)atol(argv[++i]);
     else if (!strcmp(argv[i], "--convs") && i + 1 < argc) convs = atoi(argv[++i]);
@@ -274,23 +365,27 @@ int main(int argc, char **argv) {
       }
     } else {
       fprintf(stderr, "usage: %s --model M.gguf [--dir D] [--lengths 512,2048,...] [--new N] [--threads N] "
-                      "[--reps N] [--convs N] [--conv-tokens N]\n", argv[0]);
+                      "[--rounds N] [--reps N] [--convs N (0: none)] [--conv-tokens N]\n", argv[0]);
       return 2;
     }
   }
   for (int i = 0; i < n_len; i++)
     if (lengths[i] < 64) n_len = 0;
-  if (!b.o.model_path || b.reps < 1 || b.fresh < 1 || n_len < 1 || convs < 1 || conv_tokens < 256) {
-    fprintf(stderr, "%s: --model is required; lengths >= 64, --conv-tokens >= 256\n", argv[0]);
+  if (!b.o.model_path || b.rounds < 1 || b.rounds > 64 || b.reps < 1 || b.fresh < 1 || n_len < 1 || convs < 0 ||
+      conv_tokens < 256) {
+    fprintf(stderr, "%s: --model is required; lengths >= 64, 1 <= --rounds <= 64, --conv-tokens >= 256\n", argv[0]);
     return 2;
   }
-  snprintf(b.disk, sizeof b.disk, "%s/llama_bench.kvt", b.dir);
+  snprintf(b.disk_h, sizeof b.disk_h, "%s/llama_bench_h.kvt", b.dir);
+  snprintf(b.disk_d, sizeof b.disk_d, "%s/llama_bench_d.kvt", b.dir);
   snprintf(b.file, sizeof b.file, "%s/llama_bench.state", b.dir);
-  printf("llama_bench: %s, %d threads, flash attention off\n", b.o.model_path, b.o.threads);
+  printf("llama_bench: %s, %d threads, flash attention off, load average %.1f\n", b.o.model_path, b.o.threads,
+         load_avg());
   int rc = per_length(&b, lengths, n_len);
   if (rc == 0 && convs > 0) rc = conversations(&b, convs, conv_tokens);
   remove(b.file);
-  remove(b.disk);
+  remove(b.disk_h);
+  remove(b.disk_d);
   if (rc) fprintf(stderr, "llama_bench: failed\n");
   return rc ? 1 : 0;
 }

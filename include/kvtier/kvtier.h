@@ -194,7 +194,7 @@ typedef enum kvt_disk_backend {
 
 typedef enum kvt_write_policy {
   KVT_WRITE_BACK = 0,   /* copy a block down only when it is evicted (default) */
-  KVT_WRITE_THROUGH = 1 /* copy every committed block down at once */
+  KVT_WRITE_THROUGH = 1 /* copy every committed (or, in storage mode, put) block down at once */
 } kvt_write_policy;
 
 typedef struct kvt_config {
@@ -797,6 +797,10 @@ KVT_API int kvt_exists(kvt_cache *c, const kvt_key *parent, const kvt_key *keys,
 /* Put-from: copies the batch's blocks from the engine's memory into the host
  * tier (or, with no host tier, to disk). A key already stored, or being
  * stored by an earlier job, is not written twice: its result is 1 (skipped).
+ * Under KVT_WRITE_THROUGH the blocks that landed in the host tier are also
+ * written to disk at once, by a spill that starts as the job finishes (the
+ * job does not wait for it; kvt_drain and kvt_close do); under
+ * KVT_WRITE_BACK they reach the disk only when evicted from the host.
  * Returns 1 with *job (always a job, even when every block is skipped), or
  * -EINVAL (arguments; pieces that do not add up to kvt_block_bytes),
  * KVT_ESTATE (not a storage-mode cache), KVT_EUNSUPPORTED (no host and no
@@ -902,13 +906,18 @@ KVT_API int kvt_metrics_write(kvt_cache *c, int format, char *buf, size_t *len);
  * covers (kvt_hash_tokens from the namespace) and split into parts of
  * kvt_block_bytes each, stored as storage-mode blocks under keys derived
  * from that key: the same tiers, records, checksums, namespace, LRU and
- * restart recovery as blocks. The first part starts with a small header
- * (the object's length, the tokens it covers, hashes of its tokens and of
- * its bytes). A part evicted or failing its checksum makes the whole object
- * a miss. Pick the block size near a few hundred KiB for objects of
- * megabytes: parts are whole blocks. An object needs at most max_job_blocks
- * parts (-E2BIG past that). These calls wait for their copies (may block);
- * like every call they may run from several threads at once. */
+ * restart recovery as blocks. The first part starts with a 64-byte header
+ * (the object's length, the tokens it covers, a hash of its tokens, a value
+ * unique to its put) and every part ends with a 16-byte trailer naming that
+ * put and the part's index. A part evicted, failing its record checksum
+ * (disk), or of another put (a put racing another under the same key)
+ * makes the whole object a miss. The parts lie straight in the caller's
+ * buffer (pieces of storage-mode blocks): a put or a get copies the bytes
+ * once, split between the storage workers. Pick the block size near a few
+ * hundred KiB for objects of megabytes: parts are whole blocks. An object
+ * needs at most max_job_blocks parts (-E2BIG past that). These calls wait
+ * for their copies (may block); like every call they may run from several
+ * threads at once. */
 
 typedef struct kvt_object_info {
   uint32_t size;          /* sizeof(kvt_object_info); the caller sets it */
@@ -930,7 +939,9 @@ typedef struct kvt_object_info {
  * (kept as it is: kvt_object_remove first to replace it), or -EINVAL,
  * KVT_ELAYOUT, KVT_ESTATE (not a storage-mode cache), -E2BIG, -ENOMEM,
  * KVT_ENOSPACE (the tiers cannot hold every part at once; nothing is
- * kept), or a part's error. data is read during the call only. May block. */
+ * kept), or a part's error. data is read during the call only. Its parts
+ * follow the write policy as kvt_put_from's blocks do (KVT_WRITE_THROUGH:
+ * on disk too, once the spill it starts is over). May block. */
 KVT_API int kvt_object_put(kvt_cache *c, const uint32_t *tokens, size_t n_tokens, const void *data,
                            size_t len);
 
@@ -945,8 +956,7 @@ KVT_API int kvt_object_find(kvt_cache *c, const uint32_t *tokens, size_t n_token
  * info->bytes). tokens are the caller's, at least info->match_tokens long,
  * checked again against the header. Returns 0 (buf holds exactly the bytes
  * put), KVT_EMISS (evicted since), KVT_ECORRUPT (a part failed its
- * checksum, or the parts do not add up to the object put: the object is
- * removed), KVT_EMISMATCH (other tokens), -ENOBUFS (cap too small),
+ * checksum, or the parts are not all of one put: the object is removed), KVT_EMISMATCH (other tokens), -ENOBUFS (cap too small),
  * -EINVAL. May block. */
 KVT_API int kvt_object_get(kvt_cache *c, const kvt_object_info *info, const uint32_t *tokens, void *buf,
                            size_t cap);

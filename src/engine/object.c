@@ -1,15 +1,20 @@
 /* Objects: an engine's opaque state of any size, filed under the chain key
  * of the last full block it covers and stored as storage-mode blocks
  * ("parts") under keys derived from that key. Built on the public storage
- * calls only, so tiers, records, checksums, LRU and recovery are theirs. */
+ * calls (split between the storage workers), so tiers, records, checksums,
+ * LRU, write policy and recovery are theirs. */
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/hash.h"
-#include "engine/engine.h"
+#include "engine/storage.h"
+#include "store/record.h"
+#include "util/clock.h"
 
-#define OBJECT_MAGIC 0x31304a424f54564bull /* "KVTOBJ01" */
+#define OBJECT_MAGIC 0x32304a424f54564bull /* "KVTOBJ02" */
 
 /* At the start of part 0; the object's bytes follow it. */
 typedef struct object_header {
@@ -17,16 +22,30 @@ typedef struct object_header {
   uint64_t bytes;
   uint64_t n_tokens;
   uint64_t tokens_hash; /* XXH3-64 of tokens[0..n_tokens) */
-  uint64_t data_hash;   /* XXH3-64 of the object's bytes */
+  uint64_t nonce;       /* this put's, in every part's trailer */
   kvt_key key;
   uint32_t parts;
   uint32_t reserved;
 } object_header;
 
+/* At the end of every part: which put and which part it is. Parts whose
+ * trailers disagree with the header are not one object (a put racing
+ * another under the same key, a part left from an older put). Checking them
+ * costs nothing per byte: the bytes themselves are guarded by the disk
+ * records' checksums, and host RAM is trusted as it is for blocks. */
+typedef struct part_trailer {
+  uint64_t nonce;
+  uint32_t index;
+  uint32_t parts;
+} part_trailer;
+
 _Static_assert(sizeof(object_header) == 64, "object header layout");
+_Static_assert(sizeof(part_trailer) == 16, "part trailer layout");
 
 #define HEADER_BYTES sizeof(object_header)
+#define TRAILER_BYTES sizeof(part_trailer)
 #define MAX_OBJECT_BYTES ((uint64_t)1 << 40)
+#define PIECES 4 /* per part: header, bytes, padding, trailer; split to make four */
 
 /* Part i's key: the prefix key and i, as an opaque key of this namespace. */
 static void part_keys(kvt_cache *c, const kvt_key *key, uint32_t first, uint32_t n, kvt_key *out) {
@@ -38,8 +57,12 @@ static void part_keys(kvt_cache *c, const kvt_key *key, uint32_t first, uint32_t
 
 static int parts_present(kvt_cache *c, const struct object_header *h, uint32_t *tier);
 
+/* Parts of block bytes for an object: the header and a trailer a part. 0
+ * when a block is too small to hold more than those. */
 static uint32_t parts_for(uint64_t bytes, size_t block) {
-  return (uint32_t)((bytes + HEADER_BYTES + block - 1) / block);
+  if (block <= HEADER_BYTES + TRAILER_BYTES) return 0;
+  uint64_t per = block - TRAILER_BYTES;
+  return (uint32_t)((bytes + HEADER_BYTES + per - 1) / per);
 }
 
 /* The prefix keys of tokens' full blocks: *keys (malloc'd, n of them). */
@@ -54,48 +77,114 @@ static int prefix_keys(kvt_cache *c, const uint32_t *tokens, size_t n_tokens, kv
   return rc;
 }
 
-/* Runs one opaque-keyed storage batch, one piece per part, and waits. */
-static int run_parts(kvt_cache *c, int get, const kvt_key *keys, const kvt_piece *pieces, uint32_t n) {
-  kvt_batch b;
-  kvt_batch_init(&b);
-  b.n_blocks = n;
-  b.keys = keys;
-  b.pieces = pieces;
-  b.pieces_per_block = 1;
-  b.flags = KVT_KEYS_OPAQUE;
-  kvt_job job;
-  int rc = get ? kvt_get_into(c, &b, &job) : kvt_put_from(c, &b, &job);
-  if (rc != 1) return rc;
-  rc = kvt_storage_wait(c, job, -1);
+static int batch_result(kvt_cache *c, kvt_job job, uint32_t n) {
+  int32_t *res = malloc(n * sizeof *res);
   uint32_t n_ok = 0;
-  if (rc == 0 && get) {
-    int32_t *res = malloc(n * sizeof *res);
-    if (!res) rc = -ENOMEM;
-    else if ((rc = kvt_storage_results(c, job, res, n, &n_ok)) == 0 && n_ok < n)
-      rc = res[n_ok] == 1 ? KVT_EMISS : res[n_ok];
-    free(res);
-  }
-  kvt_storage_release(c, job);
+  int rc = res ? kvt_storage_results(c, job, res, n, &n_ok) : -ENOMEM;
+  if (rc == 0 && n_ok < n) rc = res[n_ok] == 1 ? KVT_EMISS : res[n_ok];
+  free(res);
   return rc;
 }
 
-/* The pieces of an object of `bytes` in buf: part 0 and the last part go
- * through scratch blocks (header, tail padding), the parts between straight
- * to or from buf. */
-static void object_pieces(char *buf, uint64_t bytes, size_t block, uint32_t parts, char *first, char *last,
-                          kvt_piece *p) {
-  for (uint32_t i = 0; i < parts; i++) {
-    char *at = i == 0 ? first : i == parts - 1 ? last : buf + (size_t)i * block - HEADER_BYTES;
-    p[i] = (kvt_piece){.ptr = at, .len = block};
+/* Runs opaque-keyed storage batches of n parts (ppb pieces each) and waits:
+ * split between the storage workers, which copy (and read) in parallel. */
+static int run_parts(kvt_cache *c, int get, const kvt_key *keys, const kvt_piece *pieces, uint32_t n, uint32_t ppb) {
+  enum { MAX_SPLIT = 4 };
+  uint32_t split = c->storage && c->storage->n_workers < MAX_SPLIT ? c->storage->n_workers : MAX_SPLIT;
+  if (n < 4 * split) split = 1; /* a few parts: one job's overhead is less */
+  kvt_job jobs[MAX_SPLIT];
+  uint32_t first[MAX_SPLIT + 1], started = 0;
+  int rc = 0;
+  for (uint32_t k = 0; k <= split; k++) first[k] = (uint32_t)((uint64_t)n * k / split);
+  for (; started < split; started++) {
+    kvt_batch b;
+    kvt_batch_init(&b);
+    b.n_blocks = first[started + 1] - first[started];
+    b.keys = keys + first[started];
+    b.pieces = pieces + (size_t)first[started] * ppb;
+    b.pieces_per_block = ppb;
+    b.flags = KVT_KEYS_OPAQUE;
+    int s = get ? kvt_get_into(c, &b, &jobs[started]) : kvt_put_from(c, &b, &jobs[started]);
+    if (s != 1) {
+      rc = s;
+      break;
+    }
   }
-  (void)bytes;
+  for (uint32_t k = 0; k < started; k++) {
+    int s = kvt_storage_wait(c, jobs[k], -1);
+    if (s == 0 && get) s = batch_result(c, jobs[k], first[k + 1] - first[k]);
+    if (s && !rc) rc = s;
+    kvt_storage_release(c, jobs[k]);
+  }
+  return rc;
 }
 
-/* The bytes of part 0 after the header and of the last part. */
-static size_t first_len(uint64_t bytes, size_t block) {
-  return (size_t)(bytes < block - HEADER_BYTES ? bytes : block - HEADER_BYTES);
+/* The scratch of one put or get: the header, every part's trailer, and a
+ * block of padding (zeros for a put) behind the last part's bytes. */
+typedef struct object_io {
+  char *mem;
+  object_header *h;
+  part_trailer *tr;
+  char *pad;
+  kvt_piece *p;
+  kvt_key *keys;
+} object_io;
+
+static int io_alloc(object_io *io, uint32_t parts, size_t block) {
+  io->mem = calloc(1, HEADER_BYTES + (size_t)parts * TRAILER_BYTES + block);
+  io->p = malloc((size_t)parts * PIECES * sizeof *io->p);
+  io->keys = malloc(parts * sizeof *io->keys);
+  if (!io->mem || !io->p || !io->keys) return -ENOMEM;
+  io->h = (object_header *)(void *)io->mem;
+  io->tr = (part_trailer *)(void *)(io->mem + HEADER_BYTES);
+  io->pad = io->mem + HEADER_BYTES + (size_t)parts * TRAILER_BYTES;
+  return 0;
 }
-static size_t last_off(uint32_t parts, size_t block) { return (size_t)(parts - 1) * block - HEADER_BYTES; }
+
+static void io_free(object_io *io) {
+  free(io->mem);
+  free(io->p);
+  free(io->keys);
+}
+
+/* Part i's pieces: its share of buf lies in the engine's buffer itself,
+ * so neither a put nor a get copies the object's bytes more than once.
+ * Natural pieces (header, bytes, padding, trailer) are split, longest
+ * first, to make PIECES, as every part of a batch has as many. */
+static void part_pieces(const object_io *io, char *buf, uint64_t bytes, size_t block, uint32_t i, kvt_piece *p) {
+  uint32_t n = 0;
+  uint64_t off = i == 0 ? 0 : (uint64_t)i * (block - TRAILER_BYTES) - HEADER_BYTES;
+  uint64_t room = block - TRAILER_BYTES - (i == 0 ? HEADER_BYTES : 0);
+  uint64_t len = bytes - off < room ? bytes - off : room;
+  if (i == 0) p[n++] = (kvt_piece){.ptr = io->h, .len = HEADER_BYTES};
+  p[n++] = (kvt_piece){.ptr = buf + off, .len = len};
+  if (room > len) p[n++] = (kvt_piece){.ptr = io->pad, .len = room - len};
+  p[n++] = (kvt_piece){.ptr = &io->tr[i], .len = TRAILER_BYTES};
+  while (n < PIECES) {
+    uint32_t m = 0;
+    for (uint32_t k = 1; k < n; k++)
+      if (p[k].len > p[m].len) m = k;
+    memmove(&p[m + 2], &p[m + 1], (n - m - 1) * sizeof *p);
+    uint64_t half = p[m].len / 2;
+    p[m + 1] = (kvt_piece){.ptr = (char *)p[m].ptr + half, .len = p[m].len - half};
+    p[m].len = half;
+    n++;
+  }
+}
+
+static void object_pieces(object_io *io, char *buf, uint64_t bytes, size_t block, uint32_t parts) {
+  for (uint32_t i = 0; i < parts; i++) part_pieces(io, buf, bytes, block, i, &io->p[(size_t)i * PIECES]);
+}
+
+/* A value no other put shares, across processes and restarts. */
+static uint64_t put_nonce(kvt_cache *c, const kvt_key *key) {
+  static _Atomic uint64_t counter;
+  struct timespec rt;
+  clock_gettime(CLOCK_REALTIME, &rt);
+  uint64_t in[6] = {key->lo, key->hi, (uint64_t)kvt__now_ns(), (uint64_t)rt.tv_sec * 1000000000u + (uint64_t)rt.tv_nsec,
+                    atomic_fetch_add(&counter, 1), (uint64_t)(uintptr_t)c};
+  return kvt__xxh3_64(in, sizeof in, c->salt);
+}
 
 int kvt_object_put(kvt_cache *c, const uint32_t *tokens, size_t n_tokens, const void *data, size_t len) {
   if (!c || !tokens || !data || len == 0 || len > MAX_OBJECT_BYTES) return -EINVAL;
@@ -108,43 +197,54 @@ int kvt_object_put(kvt_cache *c, const uint32_t *tokens, size_t n_tokens, const 
                      .bytes = len,
                      .n_tokens = n_tokens,
                      .tokens_hash = kvt__xxh3_64(tokens, n_tokens * sizeof *tokens, 0),
-                     .data_hash = kvt__xxh3_64(data, len, 0),
                      .key = keys[n_keys - 1],
                      .parts = parts_for(len, block)};
   free(keys);
-  kvt_key *pk = malloc(h.parts * sizeof *pk);
-  kvt_piece *p = malloc(h.parts * sizeof *p);
-  char *first = calloc(2, block), *last = first ? first + block : NULL;
-  if (!pk || !p || !first) {
-    rc = -ENOMEM;
-    goto out;
-  }
-  part_keys(c, &h.key, 0, h.parts, pk);
+  if (!h.parts) return -EINVAL;
+  object_io io = {0};
+  if ((rc = io_alloc(&io, h.parts, block)) != 0) goto out;
+  part_keys(c, &h.key, 0, h.parts, io.keys);
   kvt_lookup_result res = {.size = sizeof res};
-  if ((rc = kvt_exists(c, NULL, pk, h.parts, KVT_KEYS_OPAQUE, &res, NULL)) != 0) goto out;
+  if ((rc = kvt_exists(c, NULL, io.keys, h.parts, KVT_KEYS_OPAQUE, &res, NULL)) != 0) goto out;
   if (res.n_prefix == h.parts) {
     rc = 1;
     goto out;
   }
   /* Parts left by an object partly evicted would be skipped by the put. */
-  kvt_remove(c, pk, h.parts, NULL);
-  memcpy(first, &h, HEADER_BYTES);
-  memcpy(first + HEADER_BYTES, data, first_len(len, block));
-  if (h.parts > 1) memcpy(last, (const char *)data + last_off(h.parts, block), len - last_off(h.parts, block));
-  object_pieces((char *)(uintptr_t)data, len, block, h.parts, first, last, p);
+  kvt_remove(c, io.keys, h.parts, NULL);
+  h.nonce = put_nonce(c, &h.key);
+  *io.h = h;
+  for (uint32_t i = 0; i < h.parts; i++) io.tr[i] = (part_trailer){.nonce = h.nonce, .index = i, .parts = h.parts};
+  object_pieces(&io, (char *)(uintptr_t)data, len, block, h.parts);
   /* The header's part last, so that a reader never finds it before the rest. */
-  if (h.parts > 1 && (rc = run_parts(c, 0, pk + 1, p + 1, h.parts - 1)) != 0) goto out;
-  if ((rc = run_parts(c, 0, pk, p, 1)) != 0) goto out;
+  if (h.parts > 1 && (rc = run_parts(c, 0, io.keys + 1, io.p + PIECES, h.parts - 1, PIECES)) != 0) goto out;
+  if ((rc = run_parts(c, 0, io.keys, io.p, 1, PIECES)) != 0) goto out;
   /* Parts evicted by the object's own later parts: larger than the tiers. */
   uint32_t tier;
   if (parts_present(c, &h, &tier) == KVT_EMISS) {
-    kvt_remove(c, pk, h.parts, NULL);
+    kvt_remove(c, io.keys, h.parts, NULL);
     rc = KVT_ENOSPACE;
   }
 out:
-  free(pk);
-  free(p);
-  free(first);
+  io_free(&io);
+  return rc;
+}
+
+/* Part 0's header and trailer read in place from its host slot, without a
+ * job (a worker's wake-up costs more than the 80 bytes): 0, or KVT_EMISS
+ * when part 0 is not in the host tier. A valid slot is rewritten only after
+ * it has been dropped, under the lock held here. */
+static int header_in_host(kvt_cache *c, const kvt_key *k0, size_t block, object_header *h, part_trailer *t) {
+  int rc = KVT_EMISS;
+  pthread_mutex_lock(&c->lock);
+  uint32_t e = kvt__index_find(&c->map, k0);
+  if (e != KVT__NONE && kvt__E(c, e)->state[KVT__T_HOST] == KVT__VALID) {
+    const char *p = kvt__record_payload(kvt__host_slot(&c->host, kvt__E(c, e)->slot[KVT__T_HOST]), c->bt);
+    memcpy(h, p, HEADER_BYTES);
+    memcpy(t, p + block - TRAILER_BYTES, TRAILER_BYTES);
+    rc = 0;
+  }
+  pthread_mutex_unlock(&c->lock);
   return rc;
 }
 
@@ -156,11 +256,15 @@ static int read_header(kvt_cache *c, const kvt_key *key, char *scratch, size_t b
   int rc = kvt_exists(c, NULL, &k0, 1, KVT_KEYS_OPAQUE, &res, NULL);
   if (rc) return rc;
   if (res.n_prefix != 1) return KVT_EMISS;
-  kvt_piece p = {.ptr = scratch, .len = block};
-  if ((rc = run_parts(c, 1, &k0, &p, 1)) != 0) return rc;
-  memcpy(h, scratch, HEADER_BYTES);
-  if (h->magic != OBJECT_MAGIC || !kvt__key_eq(&h->key, key) || h->bytes == 0 ||
-      h->bytes > MAX_OBJECT_BYTES || h->parts != parts_for(h->bytes, block))
+  part_trailer t;
+  if (header_in_host(c, &k0, block, h, &t) != 0) {
+    kvt_piece p = {.ptr = scratch, .len = block};
+    if ((rc = run_parts(c, 1, &k0, &p, 1, 1)) != 0) return rc;
+    memcpy(h, scratch, HEADER_BYTES);
+    memcpy(&t, scratch + block - TRAILER_BYTES, TRAILER_BYTES);
+  }
+  if (h->magic != OBJECT_MAGIC || !kvt__key_eq(&h->key, key) || h->bytes == 0 || h->bytes > MAX_OBJECT_BYTES ||
+      h->parts != parts_for(h->bytes, block) || t.nonce != h->nonce || t.index != 0 || t.parts != h->parts)
     return KVT_ECORRUPT;
   return 0;
 }
@@ -250,36 +354,27 @@ int kvt_object_get(kvt_cache *c, const kvt_object_info *info, const uint32_t *to
   size_t block = kvt_block_bytes(c);
   if (!block || info->parts != parts_for(info->bytes, block)) return -EINVAL;
   uint32_t parts = info->parts;
-  kvt_key *pk = malloc(parts * sizeof *pk);
-  kvt_piece *p = malloc(parts * sizeof *p);
-  char *first = malloc(2 * block), *last = first ? first + block : NULL;
-  int rc = -ENOMEM;
-  if (!pk || !p || !first) goto out;
-  part_keys(c, &info->key, 0, parts, pk);
-  object_pieces(buf, info->bytes, block, parts, first, last, p);
-  if ((rc = run_parts(c, 1, pk, p, parts)) != 0) {
+  object_io io = {0};
+  int rc = io_alloc(&io, parts, block);
+  if (rc) goto out;
+  part_keys(c, &info->key, 0, parts, io.keys);
+  object_pieces(&io, buf, info->bytes, block, parts);
+  if ((rc = run_parts(c, 1, io.keys, io.p, parts, PIECES)) != 0) {
     if (rc == KVT_ECORRUPT) remove_parts(c, &info->key, parts);
     goto out;
   }
-  object_header h;
-  memcpy(&h, first, HEADER_BYTES);
-  if (h.magic != OBJECT_MAGIC || !kvt__key_eq(&h.key, &info->key) || h.bytes != info->bytes ||
-      h.parts != parts) {
+  const object_header *h = io.h;
+  if (h->magic != OBJECT_MAGIC || !kvt__key_eq(&h->key, &info->key) || h->bytes != info->bytes || h->parts != parts)
     rc = KVT_ECORRUPT;
-  } else {
-    memcpy(buf, first + HEADER_BYTES, first_len(h.bytes, block));
-    if (parts > 1) memcpy((char *)buf + last_off(parts, block), last, h.bytes - last_off(parts, block));
-    if (info->match_tokens >= h.n_tokens ? kvt__xxh3_64(tokens, h.n_tokens * sizeof *tokens, 0) != h.tokens_hash
-                                          : !tokens_have_key(c, tokens, info->match_tokens, &h.key))
-      rc = KVT_EMISMATCH;
-    else if (kvt__xxh3_64(buf, h.bytes, 0) != h.data_hash)
-      rc = KVT_ECORRUPT;
-  }
+  for (uint32_t i = 0; rc == 0 && i < parts; i++)
+    if (io.tr[i].nonce != h->nonce || io.tr[i].index != i || io.tr[i].parts != parts) rc = KVT_ECORRUPT;
+  if (rc == 0 && (info->match_tokens >= h->n_tokens
+                      ? kvt__xxh3_64(tokens, h->n_tokens * sizeof *tokens, 0) != h->tokens_hash
+                      : !tokens_have_key(c, tokens, info->match_tokens, &h->key)))
+    rc = KVT_EMISMATCH;
   if (rc == KVT_ECORRUPT) remove_parts(c, &info->key, parts);
 out:
-  free(pk);
-  free(p);
-  free(first);
+  io_free(&io);
   return rc;
 }
 

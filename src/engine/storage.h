@@ -114,6 +114,8 @@ typedef struct kvt__storage {
 
 /* storage_run.c: the worker thread. */
 void *kvt__storage_worker(void *arg);
+/* storage_through.c: KVT_WRITE_THROUGH's disk copies of a put (lock NOT held). */
+void kvt__storage_write_through(kvt_cache *c, const kvt__sjob *jb);
 /* storage_dev.c: device memory (CUDA builds). */
 int kvt__storage_dev_check(void *base, size_t len);
 int kvt__storage_dev_copy(void *dst, const void *src, size_t len, int to_device);

@@ -393,6 +393,7 @@ void *kvt__storage_worker(void *arg) {
     pthread_mutex_unlock(&c->lock);
     if (jb->kind == KVT__SJ_PUT) run_put(c, w, jb);
     else run_get(c, w, jb);
+    kvt__storage_write_through(c, jb);
     pthread_mutex_lock(&c->lock);
     finish(c, jb, j);
   }
