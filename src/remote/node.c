@@ -156,7 +156,10 @@ static void node_ok(rm_node *n) {
   n->degraded = 0;
   n->backoff_ms = 0;
   pthread_mutex_unlock(&n->mu);
-  if (was) kvt__log(KVT_LOG_INFO, "remote tier: %s:%d answers again", n->host, n->port);
+  if (was) {
+    RM_ADD(n->r, recoveries, 1);
+    kvt__log(KVT_LOG_INFO, "remote tier: %s:%d answers again", n->host, n->port);
+  }
 }
 
 static void node_failed(rm_node *n, int status, const char *why) {

@@ -138,7 +138,7 @@ struct kvt__remote {
     atomic_uint_fast64_t gets, get_hits, get_misses, get_corrupt, get_foreign;
     atomic_uint_fast64_t puts, put_ok, put_refused;
     atomic_uint_fast64_t exists_calls, exists_keys;
-    atomic_uint_fast64_t errors, timeouts, moved, ask, refreshes, reconnects;
+    atomic_uint_fast64_t errors, timeouts, moved, ask, refreshes, reconnects, recoveries;
     atomic_uint_fast64_t bytes_read, bytes_written;
     atomic_uint_fast64_t round_trips, round_trip_ns;
   } st;
