@@ -619,7 +619,7 @@ static void url_forms(void **state) {
   }
   const char *bad[] = {"", "redis://", "rediss://127.0.0.1:6379", "http://x:1", "redis://host:0", "redis://host:99999",
                        "redis://host:12ab", "redis://a:1,", "redis://a:1/0", "redis://:%zz@a:1", "redis://[::1",
-                       "redis://a:1,,b:2"};
+                       "redis://a:1,,b:2", " ", "redis:// a:1", "redis://a b:1", "redis://a\tb:1", "redis://a\n:1"};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     kvt__remote_cfg cfg = rf_cfg(bad[i], NS_A, &g);
     kvt__remote *r = NULL;

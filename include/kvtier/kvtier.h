@@ -298,7 +298,9 @@ typedef struct kvt_config {
    * The server's maxmemory policy evicts; kvtier keeps no remote index,
    * only a short-lived negative cache of keys found absent. */
   /* "redis://[user[:password]@]host:port[,host:port...]": one server, or
-   * seed nodes of a cluster (the scheme may be omitted; "valkey://" too).
+   * seed nodes of a cluster (the scheme may be omitted; "valkey://" too;
+   * a host without ":port" is port 6379; user and password may be
+   * %-encoded).
    * NULL: no remote tier (the default). Copied by kvt_open. */
   const char *remote_url;
   const char *remote_user;       /* ACL user (NULL: the URL's, else "default") */

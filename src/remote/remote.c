@@ -80,6 +80,8 @@ static int parse_host(kvt__remote *r, const char *s, size_t len) {
     if (c) port = c + 1;
   }
   if (hl == 0 || hl >= RM_HOST_MAX) return -EINVAL;
+  for (size_t i = 0; i < hl; i++) /* " " or a stray newline is a typo, not a host to retry forever */
+    if (isspace((unsigned char)host[i]) || iscntrl((unsigned char)host[i])) return -EINVAL;
   long p = 6379;
   if (port) {
     size_t pl = len - (size_t)(port - s);
