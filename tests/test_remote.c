@@ -477,6 +477,77 @@ static void connection_dropped_mid_write(void **state) {
   kvt__remote_close(r);
 }
 
+/* Our connections to a node, as the server counts them (the harness's own
+ * connection for the question aside). */
+static int client_connections(kvt_redis *fs) {
+  char out[2048];
+  if (kvt_redis_cmd(fs, 0, out, sizeof out, "INFO clients") != 0) return -1;
+  const char *p = strstr(out, "connected_clients:");
+  return p ? atoi(p + strlen("connected_clients:")) - 1 : -1;
+}
+
+/* Every connection to a node is closed by the server at once (a restart, a
+ * CLIENT KILL): the first op to find out fails, and then none of the other
+ * connections is trusted either. Once the backoff is over the next op goes
+ * through a new connection, and from then on every op does: no connection
+ * opened before the failure is used again. */
+static void connections_opened_before_a_failure_are_not_reused(void **state) {
+  kvt_redis fs;
+  assert_int_equal(kvt_redis_start(&fs, NULL), 0);
+  rf_geom g = rf_geometry(16, 4096);
+  kvt__remote_cfg cfg = rf_cfg(fs.url, NS_A, &g);
+  cfg.timeout_ms = 2000;
+  cfg.conns_per_node = 4;
+  cfg.max_batch = 1; /* one op per round trip: a batch of puts spreads over the connections */
+  cfg.backoff_min_ms = 20;
+  cfg.backoff_max_ms = 40;
+  kvt__remote *r = rf_open(&cfg);
+  enum { N = 32 };
+  void *recs[N];
+  kvt_key keys[N];
+  for (int i = 0; i < N; i++) {
+    keys[i] = rf_key(12000 + (uint64_t)i);
+    recs[i] = rf_alloc(g.rec);
+    rf_record(recs[i], &g, keys[i], 12000 + (uint64_t)i);
+  }
+  int conns = 0;
+  for (int t = 0; t < 200 && conns < 4; t++) { /* until every connection is open */
+    rf_put(r, recs, keys, N);
+    for (int i = 0; i < N; i++) assert_int_equal(rf_w.status[i], 0);
+    conns = client_connections(&fs);
+  }
+  assert_int_equal(conns, 4);
+
+  char out[64];
+  assert_int_equal(kvt_redis_cmd(&fs, 0, out, sizeof out, "CLIENT KILL TYPE normal"), 0);
+  assert_int_equal(atoi(out), 4);
+  int first = -1;
+  for (int t = 0; t < 200 && first != KVT_EREMOTE; t++) { /* until a dead connection is found */
+    rf_put(r, recs, keys, 1);
+    first = rf_w.status[0];
+    assert_true(first == 0 || first == KVT_EREMOTE);
+    if (first == 0) rf_sleep_ms(5);
+  }
+  assert_int_equal(first, KVT_EREMOTE);
+  kvt__remote_stats st;
+  kvt__remote_get_stats(r, &st);
+  assert_int_equal(st.nodes_degraded, 1);
+  rf_sleep_ms(100); /* past the backoff */
+  rf_put(r, recs, keys, 1);
+  assert_int_equal(rf_w.status[0], 0);
+  for (int round = 0; round < 4; round++) {
+    rf_put(r, recs, keys, N);
+    for (int i = 0; i < N; i++) assert_int_equal(rf_w.status[i], 0);
+  }
+  kvt__remote_get_stats(r, &st);
+  assert_int_equal(st.nodes_degraded, 0);
+  assert_int_equal(st.errors, 1);
+  assert_true(st.reconnects >= 1);
+  for (int i = 0; i < N; i++) free(recs[i]);
+  kvt__remote_close(r);
+  kvt_redis_stop(&fs);
+}
+
 /* Closing with ops queued behind a stopped server: every op still gets its
  * one completion (a failure) before close returns. */
 static void close_fails_queued(void **state) {
@@ -548,7 +619,7 @@ static void url_forms(void **state) {
   }
   const char *bad[] = {"", "redis://", "rediss://127.0.0.1:6379", "http://x:1", "redis://host:0", "redis://host:99999",
                        "redis://host:12ab", "redis://a:1,", "redis://a:1/0", "redis://:%zz@a:1", "redis://[::1",
-                       "redis://a:1,,b:2"};
+                       "redis://a:1,,b:2", " ", "redis:// a:1", "redis://a b:1", "redis://a\tb:1", "redis://a\n:1"};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     kvt__remote_cfg cfg = rf_cfg(bad[i], NS_A, &g);
     kvt__remote *r = NULL;
@@ -647,6 +718,7 @@ int main(void) {
       cmocka_unit_test(credentials),       cmocka_unit_test(server_memory),
       cmocka_unit_test(stopped_server),    cmocka_unit_test(killed_server),
       cmocka_unit_test(connection_dropped_mid_write), cmocka_unit_test(close_fails_queued),
+      cmocka_unit_test(connections_opened_before_a_failure_are_not_reused),
       cmocka_unit_test(unreachable),
   };
   return cmocka_run_group_tests(tests, setup_server, teardown_server);

@@ -263,6 +263,13 @@ static void server_killed_mid_run_then_back(void **state) {
     if (!back) usleep(250000);
   }
   assert_true(back);
+  /* Both saw the server fail and come back: counted. */
+  sa = fixture_stats(&a);
+  sb = fixture_stats(&b);
+  assert_int_equal(sa.remote_degraded, 0);
+  assert_int_equal(sb.remote_degraded, 0);
+  assert_true(sa.remote_reconnects >= 1);
+  assert_true(sb.remote_reconnects >= 1);
   fixture_close(&b);
   fixture_close(&a);
 }
@@ -402,6 +409,21 @@ static void refused_credentials_fail_registration(void **state) {
     assert_non_null(strstr(kvt_error_detail(c), "remote tier"));
     kvt_close(c);
   }
+  /* A key prefix past 60 bytes: -EINVAL, and the detail says which field. */
+  char prefix[62];
+  memset(prefix, 'p', sizeof prefix - 1);
+  prefix[sizeof prefix - 1] = 0;
+  cfg.remote_url = locked.url;
+  cfg.remote_key_prefix = prefix;
+  assert_int_equal(kvt_open(&cfg, &c), 0);
+  assert_int_equal(kvt_register_layout(c, &lay), -EINVAL);
+  assert_non_null(strstr(kvt_error_detail(c), "remote_key_prefix"));
+  kvt_close(c);
+  prefix[60] = 0; /* 60 bytes: fine */
+  assert_int_equal(kvt_open(&cfg, &c), 0);
+  assert_int_equal(kvt_register_layout(c, &lay), 0);
+  kvt_close(c);
+  cfg.remote_key_prefix = NULL;
   /* A URL carrying the password is logged masked. */
   char url[1200];
   snprintf(url, sizeof url, "redis://:right-pw-3141@127.0.0.1:1");

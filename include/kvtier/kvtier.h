@@ -298,7 +298,9 @@ typedef struct kvt_config {
    * The server's maxmemory policy evicts; kvtier keeps no remote index,
    * only a short-lived negative cache of keys found absent. */
   /* "redis://[user[:password]@]host:port[,host:port...]": one server, or
-   * seed nodes of a cluster (the scheme may be omitted; "valkey://" too).
+   * seed nodes of a cluster (the scheme may be omitted; "valkey://" too;
+   * a host without ":port" is port 6379; user and password may be
+   * %-encoded).
    * NULL: no remote tier (the default). Copied by kvt_open. */
   const char *remote_url;
   const char *remote_user;       /* ACL user (NULL: the URL's, else "default") */
@@ -306,7 +308,8 @@ typedef struct kvt_config {
    * from memory at kvt_close; never in stats, metrics or log lines (URLs
    * are logged with the password masked). */
   const char *remote_password;
-  const char *remote_key_prefix; /* (NULL: "kvt:") */
+  /* (NULL: "kvt:"; at most 60 bytes, else kvt_register_layout says -EINVAL) */
+  const char *remote_key_prefix;
   uint32_t remote_timeout_ms;    /* connect and every round trip (0: 2000) */
   uint32_t remote_conns_per_node;/* connections per server node (0: 2; at most 64) */
   uint32_t remote_negative_ms;   /* how long a key found absent is not asked again (0: 1000) */
@@ -681,7 +684,9 @@ typedef struct kvt_stats {
   uint64_t remote_errors;   /* fetches and puts that failed: node down, reset, degraded */
   uint64_t remote_timeouts; /* fetches and puts past remote_timeout_ms */
   uint64_t remote_put_refused; /* puts the server refused for memory (maxmemory) */
-  uint64_t remote_reconnects; /* the tier came back after being unreachable */
+  /* The tier came back after being unreachable: at kvt_register_layout's
+   * server, or a node that failed mid-run answering again. */
+  uint64_t remote_reconnects;
   /* Blocks that left the host without a put: puts are best effort; while
    * a quarter of max_jobs are putting (a slow server) the next puts gather
    * in one job of up to max_job_blocks, and past that are skipped. */

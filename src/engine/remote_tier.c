@@ -336,6 +336,7 @@ void kvt__rtier_stats(kvt_cache *c, kvt_stats *st) {
   kvt__remote_stats rs;
   kvt__remote_get_stats(r, &rs);
   st->remote_nodes = rs.nodes;
+  st->remote_reconnects += rs.recoveries; /* nodes that failed mid-run and answer again */
   st->remote_nodes_degraded = rs.nodes_degraded;
   st->remote_degraded = rs.nodes_degraded > 0;
   st->remote_cluster = (uint32_t)rs.cluster;

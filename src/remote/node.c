@@ -136,14 +136,16 @@ int kvt__rm_node_usable(rm_node *n, int64_t now) {
 }
 
 /* 1 if this batch may go: the node is healthy, or its backoff is over and
- * this batch is the one probe (others fail at once until it ends). */
-static int node_admit(rm_node *n, int64_t now) {
+ * this batch is the one probe (others fail at once until it ends). *gen
+ * receives the node's failures so far. */
+static int node_admit(rm_node *n, int64_t now, uint64_t *gen) {
   pthread_mutex_lock(&n->mu);
   int ok = !n->degraded;
   if (!ok && now >= n->retry_at_ns) {
     n->retry_at_ns = now + (int64_t)n->r->timeout_ms * 1000000;
     ok = 1;
   }
+  *gen = n->gen;
   pthread_mutex_unlock(&n->mu);
   return ok;
 }
@@ -154,7 +156,10 @@ static void node_ok(rm_node *n) {
   n->degraded = 0;
   n->backoff_ms = 0;
   pthread_mutex_unlock(&n->mu);
-  if (was) kvt__log(KVT_LOG_INFO, "remote tier: %s:%d answers again", n->host, n->port);
+  if (was) {
+    RM_ADD(n->r, recoveries, 1);
+    kvt__log(KVT_LOG_INFO, "remote tier: %s:%d answers again", n->host, n->port);
+  }
 }
 
 static void node_failed(rm_node *n, int status, const char *why) {
@@ -166,6 +171,7 @@ static void node_failed(rm_node *n, int status, const char *why) {
   if (b < r->backoff_min_ms) b = r->backoff_min_ms;
   n->backoff_ms = b;
   n->degraded = 1;
+  n->gen++;
   n->retry_at_ns = kvt__now_ns() + (int64_t)b * 1000000;
   pthread_mutex_unlock(&n->mu);
   if (!was)
@@ -487,10 +493,14 @@ static void fail_all(kvt__remote *r, rm_op **ops, uint32_t n, int status) {
 static void run_batch(rm_conn *cn, rm_op **ops, uint32_t n) {
   rm_node *node = cn->node;
   kvt__remote *r = node->r;
-  if (!node_admit(node, kvt__now_ns())) {
+  uint64_t gen;
+  if (!node_admit(node, kvt__now_ns(), &gen)) {
     fail_all(r, ops, n, KVT_EREMOTE);
     return;
   }
+  /* Opened before the node's latest failure: the server that failed it
+   * (restarted, killed our connections) has likely closed this one too. */
+  if (cn->ctx && cn->gen != gen) conn_drop(cn);
   if (!cn->ctx) {
     int rc = conn_open(cn);
     if (rc) {
@@ -500,6 +510,7 @@ static void run_batch(rm_conn *cn, rm_op **ops, uint32_t n) {
     }
     if (cn->connected_once) RM_ADD(r, reconnects, 1);
     cn->connected_once = 1;
+    cn->gen = gen;
   }
   uint32_t answered;
   int rc = round_trip(cn, ops, n, &answered);

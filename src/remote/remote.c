@@ -80,6 +80,8 @@ static int parse_host(kvt__remote *r, const char *s, size_t len) {
     if (c) port = c + 1;
   }
   if (hl == 0 || hl >= RM_HOST_MAX) return -EINVAL;
+  for (size_t i = 0; i < hl; i++) /* " " or a stray newline is a typo, not a host to retry forever */
+    if (isspace((unsigned char)host[i]) || iscntrl((unsigned char)host[i])) return -EINVAL;
   long p = 6379;
   if (port) {
     size_t pl = len - (size_t)(port - s);
@@ -419,6 +421,7 @@ void kvt__remote_get_stats(kvt__remote *r, kvt__remote_stats *st) {
   st->ask = RM_LOAD(ask);
   st->refreshes = RM_LOAD(refreshes);
   st->reconnects = RM_LOAD(reconnects);
+  st->recoveries = RM_LOAD(recoveries);
   st->bytes_read = RM_LOAD(bytes_read);
   st->bytes_written = RM_LOAD(bytes_written);
   st->round_trips = RM_LOAD(round_trips);
@@ -494,7 +497,10 @@ static int copy_cfg(kvt__remote *r, const kvt__remote_cfg *cfg) {
     return -EINVAL;
   const char *prefix = cfg->key_prefix ? cfg->key_prefix : "kvt:";
   size_t pl = strlen(prefix);
-  if (pl > RM_PREFIX_MAX) return -EINVAL;
+  if (pl > RM_PREFIX_MAX) {
+    set_detail(cfg, "remote_key_prefix is %zu bytes (at most %u)", pl, RM_PREFIX_MAX);
+    return -EINVAL;
+  }
   if (parse_url(r, cfg->url)) {
     set_detail(cfg, "bad remote URL (want redis://[user[:password]@]host:port[,host:port...])");
     return -EINVAL;

@@ -107,6 +107,7 @@ typedef struct kvt__remote_stats {
   uint64_t puts, put_ok, put_refused;
   uint64_t exists_calls, exists_keys;
   uint64_t errors, timeouts, moved, ask, refreshes, reconnects;
+  uint64_t recoveries;         /* a degraded node answered again */
   uint64_t bytes_read, bytes_written;
   uint32_t nodes, nodes_degraded;
   int cluster;                 /* 1: Redis Cluster, 0: one server */

@@ -69,6 +69,7 @@ typedef struct rm_conn {
   int started;         /* the thread runs */
   int connected_once;  /* later connects count as reconnects */
   redisContext *ctx;  /* NULL: not connected; hiredis's reader is not used */
+  uint64_t gen;        /* the node's failures when ctx was opened */
   char *in;           /* RM_IN_BYTES of replies read, [in_head, in_tail) unparsed */
   size_t in_head, in_tail;
   char *hdrs;         /* max_batch command headers */
@@ -87,6 +88,9 @@ struct rm_node {
   int degraded;         /* a failure since the last success */
   int64_t retry_at_ns;  /* degraded: ops fail at once before this */
   uint32_t backoff_ms;
+  /* Failures so far: a connection opened before the latest one is not
+   * trusted (a restart or a kill closes every connection at once). */
+  uint64_t gen;
   atomic_int in_map;    /* owns slots in the latest map */
   uint32_t nconns;
   rm_conn *conns;
@@ -134,7 +138,7 @@ struct kvt__remote {
     atomic_uint_fast64_t gets, get_hits, get_misses, get_corrupt, get_foreign;
     atomic_uint_fast64_t puts, put_ok, put_refused;
     atomic_uint_fast64_t exists_calls, exists_keys;
-    atomic_uint_fast64_t errors, timeouts, moved, ask, refreshes, reconnects;
+    atomic_uint_fast64_t errors, timeouts, moved, ask, refreshes, reconnects, recoveries;
     atomic_uint_fast64_t bytes_read, bytes_written;
     atomic_uint_fast64_t round_trips, round_trip_ns;
   } st;
