@@ -346,6 +346,13 @@ int kvt__check_invariants(kvt_cache *c, char *msg, size_t len);
 
 /* A child of fork() has none of the cache's threads: every call refuses. */
 static inline int kvt__forked(const kvt_cache *c) { return c->fork_gen != kvt__fork_gen(); }
+/* The checks every request-path call starts with (returns from the caller). */
+#define KVT__REQ_CHECK(c)                      \
+  do {                                         \
+    if (!(c)) return -EINVAL;                  \
+    if (kvt__forked(c)) return KVT_EFORKED;    \
+    if (!(c)->layout_ready) return KVT_ELAYOUT; \
+  } while (0)
 
 static inline kvt__entry *kvt__E(kvt_cache *c, uint32_t e) { return &c->map.entries[e]; }
 static inline kvt__ref_chunk *kvt__chunk(const kvt_cache *c, uint32_t ch) {

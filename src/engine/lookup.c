@@ -7,13 +7,6 @@
 #include "engine/engine.h"
 #include "util/abi.h"
 
-#define KVT__REQ_CHECK(c)                      \
-  do {                                         \
-    if (!(c)) return -EINVAL;                  \
-    if (kvt__forked(c)) return KVT_EFORKED;    \
-    if (!(c)->layout_ready) return KVT_ELAYOUT; \
-  } while (0)
-
 /* The key before keys[i] of a chain that starts the sequence. */
 static const kvt_key *parent_of(const kvt_cache *c, const kvt_key *keys, size_t i) {
   return i ? &keys[i - 1] : &c->ns;

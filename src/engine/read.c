@@ -13,13 +13,6 @@
 #include "util/abi.h"
 #include "util/clock.h"
 
-#define KVT__REQ_CHECK(c)                      \
-  do {                                         \
-    if (!(c)) return -EINVAL;                  \
-    if (kvt__forked(c)) return KVT_EFORKED;    \
-    if (!(c)->layout_ready) return KVT_ELAYOUT; \
-  } while (0)
-
 /* The key before keys[i]: the request's chain parent (the namespace for a
  * request that starts the sequence) before keys[0]. */
 static const kvt_key *chain_parent_of(const kvt_cache *c, const kvt_key *parent, const kvt_key *keys, size_t i) {
