@@ -681,8 +681,10 @@ typedef struct kvt_stats {
   uint64_t remote_negative_hits; /* probes skipped: the key was found absent lately */
   uint64_t remote_misses;   /* fetches of a key the server no longer holds (evicted) */
   uint64_t remote_corrupt;  /* values that failed their checks: garbage, truncated, another namespace's */
-  uint64_t remote_errors;   /* fetches and puts that failed: node down, reset, degraded */
-  uint64_t remote_timeouts; /* fetches and puts past remote_timeout_ms */
+  uint64_t remote_errors;   /* fetches and puts that failed: node down, reset, degraded
+                               (ops failed at once while a node is degraded count here) */
+  uint64_t remote_timeouts; /* fetches and puts past remote_timeout_ms (not also in
+                               remote_errors: the two never count the same op) */
   uint64_t remote_put_refused; /* puts the server refused for memory (maxmemory) */
   /* The tier came back after being unreachable: at kvt_register_layout's
    * server, or a node that failed mid-run answering again. */
