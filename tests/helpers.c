@@ -1,5 +1,7 @@
 #include "helpers.h"
 
+#include "kvtier/kvtier.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -112,4 +114,15 @@ void kvt_test_wait_unlocked(const char *path) {
   for (int i = 0; i < 6000 && flock(fd, LOCK_EX | LOCK_NB) != 0; i++)
     nanosleep(&(struct timespec){0, 10000000}, NULL);
   close(fd); /* our lock, if we got it, goes with the descriptor */
+}
+
+int kvt_test_register_storage(kvt_cache *c, size_t block_bytes) {
+  kvt_segment seg = {NULL, 0, block_bytes};
+  kvt_layout l;
+  kvt_layout_init(&l);
+  l.num_layers = 1;
+  l.segments_per_layer = 1;
+  l.segments = &seg;
+  l.flags = KVT_LAYOUT_STORAGE;
+  return kvt_register_layout(c, &l);
 }

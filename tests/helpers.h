@@ -24,4 +24,8 @@ void kvt_test_wait_unlocked(const char *path);
 /* Deterministic byte pattern for block b of conversation c. */
 void kvt_test_fill(void *buf, size_t len, uint64_t seed);
 int kvt_test_check(const void *buf, size_t len, uint64_t seed);
+/* Registers a storage-mode layout of one layer with one segment of
+ * block_bytes: kvt_register_layout's result. */
+struct kvt_cache;
+int kvt_test_register_storage(struct kvt_cache *c, size_t block_bytes);
 #endif

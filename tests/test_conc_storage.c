@@ -138,14 +138,7 @@ static void run_threads(uint32_t host_blocks) {
   cfg.disk_blocks = 30;
   cfg.disk_reset = 1;
   assert_int_equal(kvt_open(&cfg, &cache), 0);
-  kvt_segment seg = {NULL, 0, BLOCK};
-  kvt_layout l;
-  kvt_layout_init(&l);
-  l.num_layers = 1;
-  l.segments_per_layer = 1;
-  l.segments = &seg;
-  l.flags = KVT_LAYOUT_STORAGE;
-  assert_int_equal(kvt_register_layout(cache, &l), 0);
+  assert_int_equal(kvt_test_register_storage(cache, BLOCK), 0);
   for (int c = 0; c < CONVS; c++) {
     for (int i = 0; i < NBLK * BT; i++) toks[c][i] = (uint32_t)(c * 100000 + i);
     size_t n;

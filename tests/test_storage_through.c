@@ -30,14 +30,7 @@ static kvt_cache *open_storage(uint32_t host, uint64_t disk, int reset, kvt_writ
   cfg.disk_reset = reset;
   kvt_cache *c = NULL;
   assert_int_equal(kvt_open(&cfg, &c), 0);
-  kvt_segment seg = {NULL, 0, BLOCK};
-  kvt_layout l;
-  kvt_layout_init(&l);
-  l.num_layers = 1;
-  l.segments_per_layer = 1;
-  l.segments = &seg;
-  l.flags = KVT_LAYOUT_STORAGE;
-  assert_int_equal(kvt_register_layout(c, &l), 0);
+  assert_int_equal(kvt_test_register_storage(c, BLOCK), 0);
   return c;
 }
 
