@@ -4,7 +4,8 @@
  * flipped value are misses, counted), credentials (password, ACL user,
  * refusal, never in the logs), the server's maxmemory (LRU eviction, OOM),
  * a stopped server (timeouts, degraded, back by itself), a killed and
- * restarted server, and bad arguments for every call. */
+ * restarted server, connections the server closes (nothing lost), and bad
+ * arguments for every call. */
 #include <errno.h>
 #include <netdb.h>
 #include <signal.h>
@@ -436,12 +437,15 @@ static void killed_server(void **state) {
   kvt_redis_stop(&fs);
 }
 
-/* The server drops the connection while a large put is being written: the
- * puts fail (KVT_EREMOTE), the process gets no SIGPIPE, and the next puts
- * go through a new connection. */
+/* The server closes the connection before a large put is written (CLIENT
+ * KILL): the batch goes through a new connection, nothing fails, and the
+ * process gets no SIGPIPE. Then the server dies: the same write into the
+ * dead connection fails (KVT_EREMOTE), still without SIGPIPE. */
 static void connection_dropped_mid_write(void **state) {
+  kvt_redis fs;
+  assert_int_equal(kvt_redis_start(&fs, NULL), 0);
   rf_geom g = rf_geometry(16, 2u << 20);
-  kvt__remote_cfg cfg = rf_cfg(srv.url, NS_A, &g);
+  kvt__remote_cfg cfg = rf_cfg(fs.url, NS_A, &g);
   cfg.conns_per_node = 1;
   cfg.backoff_min_ms = 10;
   cfg.backoff_max_ms = 20;
@@ -457,24 +461,28 @@ static void connection_dropped_mid_write(void **state) {
   rf_put(r, recs, keys, 1); /* connected */
   assert_int_equal(rf_w.status[0], 0);
   char out[64];
-  assert_int_equal(kvt_redis_cmd(&srv, 0, out, sizeof out, "CLIENT KILL TYPE normal"), 0);
-  assert_true(atoi(out) >= 1);
-  rf_put(r, recs, keys, N); /* 16 MiB into a closed connection */
-  int failed = 0;
+  assert_int_equal(kvt_redis_cmd(&fs, 0, out, sizeof out, "CLIENT KILL TYPE normal"), 0);
+  assert_int_equal(atoi(out), 1);
+  rf_put(r, recs, keys, N); /* 16 MiB into a closed connection, then a new one */
+  for (int i = 0; i < N; i++) assert_int_equal(rf_w.status[i], 0);
+  kvt__remote_stats st;
+  kvt__remote_get_stats(r, &st);
+  assert_int_equal(st.errors, 0);
+  assert_int_equal(st.reconnects, 1);
   for (int i = 0; i < N; i++) {
-    assert_true(rf_w.status[i] == 0 || rf_w.status[i] == KVT_EREMOTE);
-    failed += rf_w.status[i] != 0;
+    memset(recs[i], 0, g.rec);
+    rf_get(r, &recs[i], &keys[i], 1);
+    assert_int_equal(rf_w.status[0], 0);
+    assert_true(rf_payload_ok(recs[i], &g, 9000 + (uint64_t)i));
   }
-  assert_true(failed > 0);
-  int ok = 0;
-  for (int t = 0; t < 200 && !ok; t++) {
-    rf_put(r, recs, keys, N);
-    ok = rf_w.status[0] == 0 && rf_w.status[N - 1] == 0;
-    if (!ok) rf_sleep_ms(20);
-  }
-  assert_true(ok);
+  kvt_redis_signal(&fs, 0, SIGKILL);
+  rf_put(r, recs, keys, N); /* into a connection the dead server's kernel closed */
+  for (int i = 0; i < N; i++) assert_true(rf_w.status[i] == KVT_EREMOTE || rf_w.status[i] == KVT_ETIMEDOUT);
+  kvt__remote_get_stats(r, &st);
+  assert_int_equal(st.nodes_degraded, 1);
   for (int i = 0; i < N; i++) free(recs[i]);
   kvt__remote_close(r);
+  kvt_redis_stop(&fs);
 }
 
 /* Our connections to a node, as the server counts them (the harness's own
@@ -486,12 +494,11 @@ static int client_connections(kvt_redis *fs) {
   return p ? atoi(p + strlen("connected_clients:")) - 1 : -1;
 }
 
-/* Every connection to a node is closed by the server at once (a restart, a
- * CLIENT KILL): the first op to find out fails, and then none of the other
- * connections is trusted either. Once the backoff is over the next op goes
- * through a new connection, and from then on every op does: no connection
- * opened before the failure is used again. */
-static void connections_opened_before_a_failure_are_not_reused(void **state) {
+/* Every connection to a node is closed by the server at once (CLIENT KILL,
+ * as a restart or the server's idle timeout does): each connection finds out
+ * on its next use, before any reply, and sends its batch again through a new
+ * connection. No op fails, the node is never degraded. */
+static void connections_closed_by_the_server_lose_nothing(void **state) {
   kvt_redis fs;
   assert_int_equal(kvt_redis_start(&fs, NULL), 0);
   rf_geom g = rf_geometry(16, 4096);
@@ -499,8 +506,6 @@ static void connections_opened_before_a_failure_are_not_reused(void **state) {
   cfg.timeout_ms = 2000;
   cfg.conns_per_node = 4;
   cfg.max_batch = 1; /* one op per round trip: a batch of puts spreads over the connections */
-  cfg.backoff_min_ms = 20;
-  cfg.backoff_max_ms = 40;
   kvt__remote *r = rf_open(&cfg);
   enum { N = 32 };
   void *recs[N];
@@ -517,33 +522,62 @@ static void connections_opened_before_a_failure_are_not_reused(void **state) {
     conns = client_connections(&fs);
   }
   assert_int_equal(conns, 4);
-
-  char out[64];
-  assert_int_equal(kvt_redis_cmd(&fs, 0, out, sizeof out, "CLIENT KILL TYPE normal"), 0);
-  assert_int_equal(atoi(out), 4);
-  int first = -1;
-  for (int t = 0; t < 200 && first != KVT_EREMOTE; t++) { /* until a dead connection is found */
-    rf_put(r, recs, keys, 1);
-    first = rf_w.status[0];
-    assert_true(first == 0 || first == KVT_EREMOTE);
-    if (first == 0) rf_sleep_ms(5);
-  }
-  assert_int_equal(first, KVT_EREMOTE);
   kvt__remote_stats st;
   kvt__remote_get_stats(r, &st);
-  assert_int_equal(st.nodes_degraded, 1);
-  rf_sleep_ms(100); /* past the backoff */
-  rf_put(r, recs, keys, 1);
-  assert_int_equal(rf_w.status[0], 0);
-  for (int round = 0; round < 4; round++) {
-    rf_put(r, recs, keys, N);
-    for (int i = 0; i < N; i++) assert_int_equal(rf_w.status[i], 0);
+  uint64_t reconnects0 = st.reconnects;
+
+  for (int round = 0; round < 3; round++) {
+    char out[64];
+    assert_int_equal(kvt_redis_cmd(&fs, 0, out, sizeof out, "CLIENT KILL TYPE normal"), 0);
+    assert_int_equal(atoi(out), 4);
+    for (int rep = 0; rep < 4; rep++) {
+      rf_put(r, recs, keys, N);
+      for (int i = 0; i < N; i++) assert_int_equal(rf_w.status[i], 0);
+      rf_get(r, recs, keys, N);
+      for (int i = 0; i < N; i++) assert_int_equal(rf_w.status[i], 0);
+    }
+    for (int i = 0; i < N; i++) assert_true(rf_payload_ok(recs[i], &g, 12000 + (uint64_t)i));
   }
   kvt__remote_get_stats(r, &st);
   assert_int_equal(st.nodes_degraded, 0);
-  assert_int_equal(st.errors, 1);
-  assert_true(st.reconnects >= 1);
+  assert_int_equal(st.errors + st.timeouts, 0);
+  assert_true(st.reconnects >= reconnects0 + 3); /* at least one per kill */
   for (int i = 0; i < N; i++) free(recs[i]);
+  kvt__remote_close(r);
+  kvt_redis_stop(&fs);
+}
+
+/* The server's own idle timeout closes the client's connections while the
+ * cache is quiet; the next ops go through without a failure. */
+static void server_idle_timeout(void **state) {
+  kvt_redis fs;
+  assert_int_equal(kvt_redis_start(&fs, NULL), 0);
+  char out[64];
+  assert_int_equal(kvt_redis_cmd(&fs, 0, out, sizeof out, "CONFIG SET timeout 1"), 0);
+  rf_geom g = rf_geometry(16, 64 * 1024);
+  kvt__remote *r = fault_client(&fs, &g);
+  void *rec = rf_alloc(g.rec);
+  kvt_key k = rf_key(15000);
+  rf_record(rec, &g, k, 15000);
+  rf_put(r, &rec, &k, 1);
+  assert_int_equal(rf_w.status[0], 0);
+  int conns = client_connections(&fs);
+  assert_true(conns >= 1);
+  for (int t = 0; t < 200 && conns > 0; t++) { /* until the server has closed them */
+    rf_sleep_ms(50);
+    conns = client_connections(&fs);
+  }
+  assert_int_equal(conns, 0);
+  memset(rec, 0, g.rec);
+  rf_get(r, &rec, &k, 1);
+  assert_int_equal(rf_w.status[0], 0);
+  assert_true(rf_payload_ok(rec, &g, 15000));
+  kvt__remote_stats st;
+  kvt__remote_get_stats(r, &st);
+  assert_int_equal(st.errors + st.timeouts, 0);
+  assert_int_equal(st.nodes_degraded, 0);
+  assert_true(st.reconnects >= 1);
+  free(rec);
   kvt__remote_close(r);
   kvt_redis_stop(&fs);
 }
@@ -718,7 +752,8 @@ int main(void) {
       cmocka_unit_test(credentials),       cmocka_unit_test(server_memory),
       cmocka_unit_test(stopped_server),    cmocka_unit_test(killed_server),
       cmocka_unit_test(connection_dropped_mid_write), cmocka_unit_test(close_fails_queued),
-      cmocka_unit_test(connections_opened_before_a_failure_are_not_reused),
+      cmocka_unit_test(connections_closed_by_the_server_lose_nothing),
+      cmocka_unit_test(server_idle_timeout),
       cmocka_unit_test(unreachable),
   };
   return cmocka_run_group_tests(tests, setup_server, teardown_server);

@@ -68,8 +68,13 @@ static int ctx_status(const redisContext *c) {
 
 int kvt__rm_connect(kvt__remote *r, const char *host, int port, redisContext **out, char *err,
                     size_t errlen) {
+  return kvt__rm_connect_within(r, host, port, r->timeout_ms, out, err, errlen);
+}
+
+int kvt__rm_connect_within(kvt__remote *r, const char *host, int port, uint32_t timeout_ms, redisContext **out,
+                           char *err, size_t errlen) {
   *out = NULL;
-  redisContext *c = redisConnectWithTimeout(host, port, ms_tv(r->timeout_ms));
+  redisContext *c = redisConnectWithTimeout(host, port, ms_tv(timeout_ms));
   if (!c) {
     snprintf(err, errlen, "%s:%d: out of memory", host, port);
     return KVT_EREMOTE;
@@ -78,7 +83,7 @@ int kvt__rm_connect(kvt__remote *r, const char *host, int port, redisContext **o
   if (c->err) {
     snprintf(err, errlen, "%s:%d: %s", host, port, c->errstr);
     rc = ctx_status(c);
-  } else if (redisSetTimeout(c, ms_tv(r->timeout_ms)) != REDIS_OK) {
+  } else if (redisSetTimeout(c, ms_tv(timeout_ms)) != REDIS_OK) {
     snprintf(err, errlen, "%s:%d: %s", host, port, c->errstr);
     rc = KVT_EREMOTE;
   } else if (r->password) {
@@ -104,11 +109,12 @@ int kvt__rm_connect(kvt__remote *r, const char *host, int port, redisContext **o
   return 0;
 }
 
-static int conn_open(rm_conn *cn) {
+/* Opens cn's connection, connecting within timeout_ms. */
+static int conn_open_within(rm_conn *cn, uint32_t timeout_ms) {
   kvt__remote *r = cn->node->r;
   char err[256];
   redisContext *c;
-  int rc = kvt__rm_connect(r, cn->node->host, cn->node->port, &c, err, sizeof err);
+  int rc = kvt__rm_connect_within(r, cn->node->host, cn->node->port, timeout_ms, &c, err, sizeof err);
   if (rc) return rc;
   int fl = fcntl(c->fd, F_GETFL);
   if (fl < 0 || fcntl(c->fd, F_SETFL, fl | O_NONBLOCK) < 0) {
@@ -120,6 +126,8 @@ static int conn_open(rm_conn *cn) {
   cn->ctx = c;
   return 0;
 }
+
+static int conn_open(rm_conn *cn) { return conn_open_within(cn, cn->node->r->timeout_ms); }
 
 static void conn_drop(rm_conn *cn) {
   if (cn->ctx) redisFree(cn->ctx);
@@ -455,9 +463,9 @@ static void handle_reply(rm_conn *cn, rm_op *op, rm_reply *rep, int asking_ok) {
 /* Writes ops as one pipeline and completes each from its reply; the node
  * counts as healthy from its first reply on. Returns 0, or the status of a
  * failed connection with *answered the ops completed before it failed. */
-static int round_trip(rm_conn *cn, rm_op **ops, uint32_t n, uint32_t *answered) {
+static int round_trip(rm_conn *cn, rm_op **ops, uint32_t n, int64_t start, uint32_t *answered) {
   kvt__remote *r = cn->node->r;
-  int64_t start = kvt__now_ns(), deadline = start + (int64_t)r->timeout_ms * 1000000;
+  int64_t deadline = start + (int64_t)r->timeout_ms * 1000000;
   for (uint32_t i = 0; i < n; i++)
     if (ops[i]->kind == RM_PUT)
       kvt__record_seal(ops[i]->rec, &r->ns, r->block_tokens, r->payload_bytes,
@@ -501,6 +509,7 @@ static void run_batch(rm_conn *cn, rm_op **ops, uint32_t n) {
   /* Opened before the node's latest failure: the server that failed it
    * (restarted, killed our connections) has likely closed this one too. */
   if (cn->ctx && cn->gen != gen) conn_drop(cn);
+  int reused = cn->ctx != NULL;
   if (!cn->ctx) {
     int rc = conn_open(cn);
     if (rc) {
@@ -513,7 +522,28 @@ static void run_batch(rm_conn *cn, rm_op **ops, uint32_t n) {
     cn->gen = gen;
   }
   uint32_t answered;
-  int rc = round_trip(cn, ops, n, &answered);
+  int64_t start = kvt__now_ns();
+  int rc = round_trip(cn, ops, n, start, &answered);
+  /* A connection the server closed while it sat idle (its idle timeout, a
+   * restart, CLIENT KILL) fails on first use before any reply. Every command
+   * is idempotent (SET of the same record, GET, EXISTS, DEL), so the batch
+   * goes once more through a new connection, within the same deadline,
+   * before anything fails. Not after a timeout (the deadline is spent) nor
+   * once a reply came (the connection was alive: a real failure). */
+  if (rc && rc != KVT_ETIMEDOUT && answered == 0 && reused) {
+    conn_drop(cn);
+    int64_t left_ms = (start + (int64_t)r->timeout_ms * 1000000 - kvt__now_ns()) / 1000000;
+    if (left_ms > 0) {
+      int orc = conn_open_within(cn, (uint32_t)left_ms);
+      if (orc == 0) {
+        RM_ADD(r, reconnects, 1);
+        cn->gen = gen;
+        rc = round_trip(cn, ops, n, start, &answered);
+      } else {
+        rc = orc;
+      }
+    }
+  }
   if (rc) {
     conn_drop(cn); /* replies still due would answer the next batch's commands */
     node_failed(node, rc, rc == KVT_ETIMEDOUT ? "no reply within the timeout" : "connection lost");

@@ -176,6 +176,9 @@ void kvt__rm_node_free(rm_node *n);
  * timeout: 0, KVT_ETIMEDOUT, KVT_EREMOTE or KVT_EAUTH (why in err). */
 int kvt__rm_connect(kvt__remote *r, const char *host, int port, redisContext **out, char *err,
                     size_t errlen);
+/* The same, connecting within timeout_ms instead. */
+int kvt__rm_connect_within(kvt__remote *r, const char *host, int port, uint32_t timeout_ms, redisContext **out,
+                           char *err, size_t errlen);
 
 /* remote.c */
 rm_op *kvt__rm_op_alloc(kvt__remote *r);
