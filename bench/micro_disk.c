@@ -391,7 +391,9 @@ static int open_store(run *r) {
  * cache), and records laid end to end over more memory than any cache
  * holds, each hashed once, as a record that just landed from the disk is
  * (the device wrote it to memory, not into this core's cache). The second
- * is what verifying a fetch costs; the gap between the two is memory. */
+ * is what verifying a fetch costs; the gap between the two is memory.
+ * Each is the best of three short runs: other work on the CPUs only ever
+ * slows one down. */
 typedef struct hashing {
   double hot, cold; /* GB/s on one core */
 } hashing;
@@ -399,15 +401,19 @@ typedef struct hashing {
 #define COLD_BYTES ((size_t)256 << 20)
 
 static double seal_loop(const run *r, char *base, uint64_t n_recs) {
-  uint64_t n = 0;
-  int64_t t0 = kvt__now_ns();
-  while (kvt__now_ns() - t0 < 100000000 || n < 4) {
-    char *rec = base + (size_t)(n % n_recs) * r->rec;
-    memset(rec, 0, sizeof(kvt__record_hdr));
-    kvt__record_seal(rec, &(kvt_key){1, 2}, BT, r->payload, 1), n++;
+  double best = 0;
+  for (int rep = 0, at = 0; rep < 3; rep++) {
+    uint64_t n = 0;
+    int64_t t0 = kvt__now_ns();
+    while (kvt__now_ns() - t0 < 50000000 || n < 4) {
+      char *rec = base + (size_t)(at++ % n_recs) * r->rec; /* a cold run never revisits a record soon */
+      memset(rec, 0, sizeof(kvt__record_hdr));
+      kvt__record_seal(rec, &(kvt_key){1, 2}, BT, r->payload, 1), n++;
+    }
+    double gbs = (double)n * r->payload / 1e9 / ((kvt__now_ns() - t0) * 1e-9);
+    if (gbs > best) best = gbs;
   }
-  double s = (kvt__now_ns() - t0) * 1e-9;
-  return (double)n * r->payload / 1e9 / s;
+  return best;
 }
 
 static hashing seal_gbs(const run *r) {
