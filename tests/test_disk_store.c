@@ -5,6 +5,7 @@
  * request, and durable mode's group fdatasync before a write's done(). */
 #include "helpers.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -1273,6 +1274,39 @@ static void test_pieces_of_the_wrong_shape(void **state) {
   pieces_free(&p);
 }
 
+/* Threads named after their job, so a per-thread profile (perf, top -H)
+ * reads which part of the store spends the time. */
+static int threads_named(const char *name) {
+  int n = 0;
+  char path[300], comm[32];
+  DIR *dir = opendir("/proc/self/task");
+  struct dirent *de;
+  while (dir && (de = readdir(dir)) != NULL) {
+    snprintf(path, sizeof path, "/proc/self/task/%s/comm", de->d_name);
+    FILE *fp = de->d_name[0] != '.' ? fopen(path, "r") : NULL;
+    if (!fp) continue;
+    if (fgets(comm, sizeof comm, fp) && strncmp(comm, name, strlen(name)) == 0 && comm[strlen(name)] == '\n') n++;
+    fclose(fp);
+  }
+  if (dir) closedir(dir);
+  return n;
+}
+
+static void test_store_threads_are_named(void **state) {
+  fx *f = *state;
+  if (access("/proc/self/task", R_OK) != 0) skip();
+  reopen_big(f, 3, 0);
+  assert_int_equal(threads_named("kvt-disk-reap"), 1);
+  assert_int_equal(threads_named("kvt-disk-sum"), 3);
+  assert_int_equal(threads_named("kvt-disk-sync"), 0);
+  kvt__disk_close(f->d);
+  kvt__disk_cfg c = cfg_of(f, NS1);
+  c.durable = 1;
+  assert_int_equal(kvt__disk_open(&c, &f->d), 0);
+  assert_int_equal(threads_named("kvt-disk-sync"), 1);
+  assert_int_equal(threads_named("kvt-disk-reap"), 1); /* the first store's are gone */
+}
+
 #define CASE(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
 
 static int run_suite(const char *name) {
@@ -1296,6 +1330,7 @@ static int run_suite(const char *name) {
       CASE(test_durable_write_is_synced_before_done), CASE(test_durable_failed_sync_fails_its_group),
       CASE(test_pieces_round_trip_both_ways), CASE(test_pieces_round_trip_of_a_big_record),
       CASE(test_pieces_fail_like_records), CASE(test_pieces_of_the_wrong_shape),
+      CASE(test_store_threads_are_named),
   };
   return _cmocka_run_group_tests(name, tests, sizeof tests / sizeof tests[0], NULL, NULL);
 }

@@ -281,6 +281,7 @@ static int host_open(const kvt_dev_open_args *args, void **out) {
       host_close(h);
       return -EAGAIN;
     }
+    pthread_setname_np(h->threads[i], "kvt-copy"); /* per-thread profiles name it */
   }
   *out = h;
   return 0;

@@ -601,6 +601,7 @@ int kvt__progress_start(kvt_cache *c) {
   if (!c->progq || !c->progq_take || !c->diskwait) return -ENOMEM;
   int rc = pthread_create(&c->progress_thread, NULL, progress_main, c);
   if (rc) return -rc;
+  pthread_setname_np(c->progress_thread, "kvt-progress");
   c->progress_running = 1;
   return 0;
 }

@@ -151,6 +151,7 @@ static int thr_open(const kvt_io_open_args *a, void **out) {
       thr_free(c);
       return -rc;
     }
+    pthread_setname_np(c->workers[c->n_workers], "kvt-disk-io");
   }
   *out = c;
   return 0;
