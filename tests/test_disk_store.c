@@ -1077,6 +1077,137 @@ static void test_eio_on_one_read_of_a_full_hashed_queue(void **state) {
   free(w);
 }
 
+/* Counts I/Os between the two fault sites every request passes (its
+ * submission and its completion), and the most at once. */
+typedef struct disk_count {
+  atomic_int now, most, done;
+} disk_count;
+
+static int count_hook(void *ctx, int site, int64_t arg) {
+  (void)arg;
+  disk_count *n = ctx;
+  if (site == KVT_FAULT_IO_SUBMIT) {
+    int v = atomic_fetch_add(&n->now, 1) + 1, m = atomic_load(&n->most);
+    while (v > m && !atomic_compare_exchange_weak(&n->most, &m, v)) {
+    }
+  } else if (site == KVT_FAULT_IO_COMPLETE) {
+    atomic_fetch_sub(&n->now, 1);
+    atomic_fetch_add(&n->done, 1);
+  }
+  return 0;
+}
+
+/* At most queue_depth I/Os are at the disk, writes and reads; the ops over
+ * it wait in the store and go as I/Os come back, sent by the reaper and not
+ * after a checksum: with the only checksum thread held, all 16 reads (8 and
+ * the 8 of headroom) still reach the disk and land, 8 at a time, none
+ * verified, and all verify byte-exact once the thread is let go. */
+static void test_disk_gets_queue_depth_and_refills_before_checksums(void **state) {
+  fx *f = *state;
+  enum { N = 16, DEPTH = 8 };
+  reopen_big(f, 1, 0);
+  disk_count wc = {0};
+  waiter *w = waiter_new();
+  kvt__disk_io io[N];
+  kvt_key keys[N];
+  for (uint32_t i = 0; i < N; i++) {
+    make_rec(host(f, 3 + i), 700 + i);
+    g_ws[i] = (wslot){w, (int)i};
+    io[i] = (kvt__disk_io){.slot = i, .rec = host(f, 3 + i), .arg = &g_ws[i]};
+  }
+  w->pending = N;
+  kvt__fault_set(count_hook, &wc);
+  assert_int_equal(kvt__disk_write_batch(f->d, io, N, on_done), N);
+  waiter_wait(w);
+  kvt__fault_set(NULL, NULL);
+  assert_in_range(atomic_load(&wc.most), 1, DEPTH);
+  for (uint32_t i = 0; i < N; i++) assert_int_equal(w->status[i], 0);
+  assert_int_equal(write_sync(f, N, 720), 0);
+  gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0};
+  start_gated_read(f, &g, N, 720); /* holds the only checksum thread */
+  disk_count rc = {0};
+  for (uint32_t i = 0; i < N; i++) {
+    keys[i] = key_of(700 + i);
+    g_ws[i] = (wslot){w, (int)i}; /* write_sync took g_ws[0] */
+    memset(host(f, 3 + i), 0, f->rec_bytes);
+    io[i] = (kvt__disk_io){.slot = i, .rec = host(f, 3 + i), .expected_key = &keys[i], .arg = &g_ws[i]};
+  }
+  w->n_done = 0;
+  w->pending = N;
+  kvt__fault_set(count_hook, &rc);
+  assert_int_equal(kvt__disk_read_batch(f->d, io, N, on_done), N);
+  for (uint32_t i = 0; i < N; i++) assert_int_equal(io[i].status, 0);
+  while (atomic_load(&rc.done) < N) usleep(1000);
+  kvt__fault_set(NULL, NULL);
+  assert_int_equal(atomic_load(&rc.most), DEPTH);
+  pthread_mutex_lock(&w->m);
+  assert_int_equal(w->n_done, 0); /* landed, not verified */
+  pthread_mutex_unlock(&w->m);
+  gate_open(&g);
+  assert_true(rec_ok(host(f, 2), 720));
+  waiter_wait(w);
+  for (uint32_t i = 0; i < N; i++) {
+    assert_int_equal(w->status[i], 0);
+    assert_true(rec_ok(host(f, 3 + i), 700 + i));
+  }
+  free(w);
+}
+
+/* Holds the reaper like hold_hook, and refuses the next `refuse`
+ * submissions. */
+typedef struct hold_refuse {
+  reap_hold h;
+  atomic_int refuse;
+} hold_refuse;
+
+static int hold_refuse_hook(void *ctx, int site, int64_t arg) {
+  hold_refuse *r = ctx;
+  if (site == KVT_FAULT_IO_SUBMIT) return atomic_fetch_sub(&r->refuse, 1) > 0 ? -ENOSPC : 0;
+  return hold_hook(&r->h, site, arg);
+}
+
+/* A read that waited for room at the disk and is refused when the reaper
+ * sends it fails alone, through its done() (its caller was told it was
+ * accepted), and leaves its slot free; the other reads land byte-exact. */
+static void test_refused_queued_read_fails_alone_through_done(void **state) {
+  fx *f = *state;
+  enum { N = 12, DEPTH = 8 };
+  reopen_big(f, 2, 0);
+  for (uint32_t i = 0; i < N; i++) assert_int_equal(write_sync(f, i, 800 + i), 0);
+  hold_refuse r = {{PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0}, 0};
+  waiter *w = waiter_new();
+  kvt__disk_io io[N];
+  kvt_key keys[N];
+  for (uint32_t i = 0; i < N; i++) {
+    keys[i] = key_of(800 + i);
+    g_ws[i] = (wslot){w, (int)i};
+    memset(host(f, 3 + i), 0, f->rec_bytes);
+    io[i] = (kvt__disk_io){.slot = i, .rec = host(f, 3 + i), .expected_key = &keys[i], .arg = &g_ws[i]};
+  }
+  w->pending = N;
+  kvt__fault_set(hold_refuse_hook, &r);
+  assert_int_equal(kvt__disk_try_read_batch(f->d, io, N, on_done), N); /* 8 at the disk, 4 waiting */
+  for (uint32_t i = 0; i < N; i++) assert_int_equal(io[i].status, 0);
+  pthread_mutex_lock(&r.h.m);
+  while (!r.h.held) pthread_cond_wait(&r.h.c, &r.h.m); /* the reaper holds the first completion */
+  atomic_store(&r.refuse, 1);                           /* the first read it sends is refused */
+  r.h.released = 1;
+  pthread_cond_broadcast(&r.h.c);
+  pthread_mutex_unlock(&r.h.m);
+  waiter_wait(w);
+  kvt__fault_set(NULL, NULL);
+  for (uint32_t i = 0; i < N; i++) {
+    assert_int_equal(w->status[i], i == DEPTH ? -ENOSPC : 0); /* the oldest waiting one */
+    if (i != DEPTH) assert_true(rec_ok(host(f, 3 + i), 800 + i));
+  }
+  kvt__disk_stats st;
+  kvt__disk_get_stats(f->d, &st);
+  assert_int_equal(st.io_errors, 1);
+  assert_int_equal(st.reads, N - 1);
+  assert_int_equal(read_sync(f, DEPTH, 800 + DEPTH), 0); /* slot not left busy */
+  free(w);
+}
+
 /* By default big records get two to four checksum threads (two on a
  * small machine: one thread's share of busy CPUs capped fetches). */
 static void test_default_checksum_threads(void **state) {
@@ -1327,6 +1458,8 @@ static int run_suite(const char *name) {
       CASE(test_try_batch_never_waits), CASE(test_hashed_records_get_headroom),
       CASE(test_small_records_get_no_headroom), CASE(test_default_checksum_threads),
       CASE(test_eio_on_one_read_of_a_full_hashed_queue),
+      CASE(test_disk_gets_queue_depth_and_refills_before_checksums),
+      CASE(test_refused_queued_read_fails_alone_through_done),
       CASE(test_durable_write_is_synced_before_done), CASE(test_durable_failed_sync_fails_its_group),
       CASE(test_pieces_round_trip_both_ways), CASE(test_pieces_round_trip_of_a_big_record),
       CASE(test_pieces_fail_like_records), CASE(test_pieces_of_the_wrong_shape),

@@ -731,6 +731,10 @@ static void straight_and_staged_blocks_in_one_batch(void **s) {
   assert_int_equal(kvt_storage_release(f.c, job), 0);
   assert_int_equal(atomic_load(&t.ops[KVT_IO_WRITEV]), straight);
   assert_int_equal(atomic_load(&t.ops[KVT_IO_WRITE]), NB - straight);
+  kvt_stats st = {.size = sizeof st};
+  assert_int_equal(kvt_get_stats(f.c, &st), 0);
+  assert_int_equal(st.storage_blocks_straight, straight);
+  assert_int_equal(st.storage_blocks_staged, NB - straight);
   /* Back with the kinds swapped: straight where it was staged. */
   memset(p.mem, 0, (size_t)NB * PLACE);
   memset(f.mem, 0, (size_t)NB * (BLOCK + 64));
@@ -741,6 +745,9 @@ static void straight_and_staged_blocks_in_one_batch(void **s) {
   assert_int_equal(ok, NB);
   assert_int_equal(atomic_load(&t.ops[KVT_IO_READV]), NB - straight);
   assert_int_equal(atomic_load(&t.ops[KVT_IO_READ]), straight);
+  assert_int_equal(kvt_get_stats(f.c, &st), 0);
+  assert_int_equal(st.storage_blocks_straight, NB); /* straight + (NB - straight) */
+  assert_int_equal(st.storage_blocks_staged, NB);
   for (uint32_t b = 0; b < NB; b++) {
     if (other[b] == GIVE_STRAIGHT) assert_true(pool_check(&p, b, 0, 400 + b));
     else assert_true(kvt_test_check(blk(&f, b), BLOCK, 400 + b));
@@ -788,6 +795,9 @@ static void straight_io_errors_fail_their_blocks(int code) {
   kvt_stats st = {.size = sizeof st};
   kvt_get_stats(f.c, &st);
   assert_int_equal(st.io_errors, 2);
+  /* Failed blocks did not land: puts NB - 1, then the one again, gets NB - 1. */
+  assert_int_equal(st.storage_blocks_straight, NB + NB - 1);
+  assert_int_equal(st.storage_blocks_staged, 0);
   pool_close(&f, &p);
   sfix_close(&f);
 }
@@ -821,6 +831,11 @@ static void straight_gets_of_spilled_blocks(void **s) {
   assert_int_equal(atomic_load(&t.ops[KVT_IO_READV]), r.n_disk);
   assert_int_equal(atomic_load(&t.ops[KVT_IO_READ]), 0);
   for (uint32_t b = 0; b < NB; b++) assert_true(pool_check(&p, b, 1, 800 + b));
+  /* Only the gets from disk count: puts to the host pool and their spills do not. */
+  kvt_stats st = {.size = sizeof st};
+  assert_int_equal(kvt_get_stats(f.c, &st), 0);
+  assert_int_equal(st.storage_blocks_straight, r.n_disk);
+  assert_int_equal(st.storage_blocks_staged, 0);
   pool_close(&f, &p);
   sfix_close(&f);
 }

@@ -697,6 +697,10 @@ typedef struct kvt_stats {
   uint32_t remote_nodes_degraded; /* of which failing now (ops for them fail at once until backoff ends) */
   uint32_t remote_degraded; /* 1: unreachable or some node degraded: its blocks are misses for now */
   uint32_t remote_cluster;  /* 1: a Redis Cluster, 0: one server */
+  /* Storage mode: blocks that landed between the engine's memory and the
+   * disk tier (kvt_put_from to disk, kvt_get_into from disk), straight (one
+   * vectored I/O, no staging copy) and through a worker's staging record. */
+  uint64_t storage_blocks_straight, storage_blocks_staged;
 } kvt_stats;
 #define KVT_STATS_SIZE_V1 offsetof(kvt_stats, jobs_cancelled)
 
@@ -729,7 +733,9 @@ KVT_API int kvt_get_stats(kvt_cache *c, kvt_stats *st);
  * engine's memory and the file in one vectored I/O, without kvtier's
  * staging copy (its checksum is computed and verified over the pieces in
  * place, with the same value either way, so records written one way read
- * back the other). Any other block goes through staging. */
+ * back the other). Any other block goes through staging.
+ * kvt_stats.storage_blocks_straight / _staged count the blocks that landed
+ * each way. */
 
 typedef uint32_t kvt_region;
 #define KVT_REGION_NONE 0u

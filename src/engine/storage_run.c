@@ -176,6 +176,10 @@ static void stage_retire(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb, kvt__stag
   pthread_mutex_lock(&c->lock);
   if (jb->kind == KVT__SJ_GET) get_commit(c, jb, i, status);
   else put_commit(c, jb, i, status);
+  if (status == 0 && jb->blocks[i].tier == KVT__T_DISK) {
+    if (st->n_iov) c->st.storage_blocks_straight++;
+    else c->st.storage_blocks_staged++;
+  }
   pthread_mutex_unlock(&c->lock);
 }
 

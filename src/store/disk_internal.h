@@ -46,6 +46,7 @@ typedef struct disk_op {
   uint32_t n_iov;
   kvt_key key;
   int check_key;
+  int at_disk;              /* counted in the store's at_disk */
   kvt__disk_done_fn done;
   void *arg;
 } disk_op;
@@ -75,10 +76,17 @@ struct kvt__disk {
   uint32_t n_bufs;
   void *zero_page;          /* 4 KiB of zeros: the tombstone */
 
-  pthread_mutex_t lock;     /* guards free_ops, n_free, inflight, stop */
+  pthread_mutex_t lock;     /* guards free_ops, n_free, inflight, stop, at_disk, dq */
   pthread_cond_t cond;      /* an op was freed, one was taken, or stop */
   disk_op *ops;
   uint32_t *free_ops, n_free, inflight;
+  /* I/Os at the disk (handed to the backend, not yet reaped) number at
+   * most queue_depth; more wait in dq, oldest first (depth entries: no
+   * more ops exist), and go as others leave the disk. */
+  uint32_t at_disk;
+  disk_op **dq;
+  uint32_t dq_head, dq_count;
+  disk_op **left;           /* the reaper's: ops of one reaped batch that left the disk */
   int stop;
   pthread_t reaper;
   int reaper_started;
