@@ -913,17 +913,24 @@ KVT_API int kvt_metrics_write(kvt_cache *c, int format, char *buf, size_t *len);
  * covers (kvt_hash_tokens from the namespace) and split into parts of
  * kvt_block_bytes each, stored as storage-mode blocks under keys derived
  * from that key: the same tiers, records, checksums, namespace, LRU and
- * restart recovery as blocks. The first part starts with a 64-byte header
- * (the object's length, the tokens it covers, a hash of its tokens, a value
- * unique to its put) and every part ends with a 16-byte trailer naming that
- * put and the part's index. A part evicted, failing its record checksum
- * (disk), or of another put (a put racing another under the same key)
- * makes the whole object a miss. The parts lie straight in the caller's
- * buffer (pieces of storage-mode blocks): a put or a get copies the bytes
- * once, split between the storage workers. Pick the block size near a few
- * hundred KiB for objects of megabytes: parts are whole blocks. An object
- * needs at most max_job_blocks parts (-E2BIG past that). These calls wait
- * for their copies (may block); like every call they may run from several
+ * restart recovery as blocks. Every part starts with a meta area: the
+ * first part's holds a 64-byte header (the object's length, the tokens it
+ * covers, a hash of its tokens, a value unique to its put), every part's a
+ * 16-byte trailer naming that put and the part's index. A part evicted,
+ * failing its record checksum (disk), or of another put (a put racing
+ * another under the same key) makes the whole object a miss. The parts
+ * lie straight in the caller's buffer (pieces of storage-mode blocks): a
+ * put or a get copies the bytes once, split between the storage workers.
+ * When the block size is a multiple of 4 KiB and at least 32 KiB, the meta
+ * area is a 4 KiB page, so that with a page-aligned buffer every part's
+ * bytes are whole pages: these calls then register the buffer as a region
+ * for their duration (kvt_register_memory; skipped when it overlaps one of
+ * the caller's, or the table is full) and the disk tier moves the parts
+ * straight between the file and the buffer, without a staging copy. Else
+ * the meta area is the 80 bytes. Pick the block size near a few hundred
+ * KiB for objects of megabytes: parts are whole blocks. An object needs at
+ * most max_job_blocks parts (-E2BIG past that). These calls wait for
+ * their copies (may block); like every call they may run from several
  * threads at once. */
 
 typedef struct kvt_object_info {
