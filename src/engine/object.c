@@ -131,6 +131,65 @@ static int run_parts(kvt_cache *c, int get, const kvt_key *keys, const kvt_piece
   return rc;
 }
 
+/* Scratch memory, page-aligned, kept per thread between calls: fresh
+ * memory for every call would be faulted in page by page as the disk
+ * reads into it, which on a virtual machine costs more than the read's
+ * own CPU. Past KEEP_BYTES it is the call's own. */
+#define KEEP_BYTES ((size_t)16 << 20)
+
+typedef struct kept_scratch {
+  char *mem;
+  size_t len;
+  int in_use;
+} kept_scratch;
+
+static pthread_key_t kept_key;
+static pthread_once_t kept_once = PTHREAD_ONCE_INIT;
+static int kept_ok;
+
+static void kept_free(void *p) {
+  kept_scratch *k = p;
+  free(k->mem);
+  free(k);
+}
+
+static void kept_init(void) { kept_ok = pthread_key_create(&kept_key, kept_free) == 0; }
+
+/* len bytes; *kept: 1 when they are the thread's kept scratch (scratch_put gives them back). */
+static char *scratch_get(size_t len, int *kept) {
+  *kept = 0;
+  pthread_once(&kept_once, kept_init);
+  kept_scratch *k = kept_ok && len <= KEEP_BYTES ? pthread_getspecific(kept_key) : NULL;
+  if (!k && kept_ok && len <= KEEP_BYTES && (k = calloc(1, sizeof *k)) != NULL && pthread_setspecific(kept_key, k)) {
+    free(k);
+    k = NULL;
+  }
+  if (k && !k->in_use) {
+    if (k->len < len) {
+      free(k->mem);
+      k->len = 0;
+      if (posix_memalign((void **)&k->mem, PAGE, len)) k->mem = NULL;
+      else k->len = len;
+    }
+    if (k->mem) {
+      k->in_use = 1;
+      *kept = 1;
+      return k->mem;
+    }
+  }
+  void *p = NULL;
+  return posix_memalign(&p, PAGE, len) ? NULL : p;
+}
+
+static void scratch_put(char *mem, int kept) {
+  if (!kept) {
+    free(mem);
+    return;
+  }
+  kept_scratch *k = pthread_getspecific(kept_key);
+  k->in_use = 0;
+}
+
 /* Memory the disk tier may move straight (storage mode's registered
  * regions), registered for one call when that can pay: a region of its
  * own, page-aligned. KVT_REGION_NONE when not (the parts go through the
@@ -147,6 +206,7 @@ static kvt_region straight_region(kvt_cache *c, const void *p, size_t len) {
  * (the last part's bytes past its last whole page, then padding). */
 typedef struct object_io {
   char *mem, *tail, *buf;
+  int kept;
   size_t mem_len, block, meta;
   uint64_t bytes;
   uint32_t parts;
@@ -169,7 +229,7 @@ static int io_alloc(kvt_cache *c, object_io *io, char *buf, uint64_t bytes, size
   io->mem_r = io->buf_r = KVT_REGION_NONE;
   size_t metas = kvt__align_up((size_t)io->parts * io->meta, PAGE);
   io->mem_len = metas + block - io->meta;
-  if (!io->parts || posix_memalign((void **)&io->mem, PAGE, io->mem_len)) io->mem = NULL;
+  io->mem = io->parts ? scratch_get(io->mem_len, &io->kept) : NULL;
   io->p = malloc((size_t)io->parts * PIECES * sizeof *io->p);
   io->keys = malloc(io->parts * sizeof *io->keys);
   if (!io->mem || !io->p || !io->keys) return -ENOMEM;
@@ -184,7 +244,7 @@ static int io_alloc(kvt_cache *c, object_io *io, char *buf, uint64_t bytes, size
 static void io_free(kvt_cache *c, object_io *io) {
   if (io->buf_r != KVT_REGION_NONE) kvt_unregister_memory(c, io->buf_r);
   if (io->mem_r != KVT_REGION_NONE) kvt_unregister_memory(c, io->mem_r);
-  free(io->mem);
+  if (io->mem) scratch_put(io->mem, io->kept);
   free(io->p);
   free(io->keys);
 }
@@ -236,6 +296,58 @@ static void object_pieces(object_io *io) {
   for (uint32_t i = 0; i < io->parts; i++) part_pieces(io, i, &io->p[(size_t)i * PIECES]);
 }
 
+/* Headers of objects this cache put or read from disk, so that finding
+ * one again reads nothing (a disk read of part 0 is a worker's round trip
+ * and a part's I/O: most of a small object's restore). Direct-mapped by
+ * key: a collision only forgets. An entry names a header that was whole
+ * and checked when it was entered; find still checks that every part is
+ * in a tier, and get checks the header it reads against the one find
+ * described (another put since is a miss, not a corruption). Guarded by
+ * c->lock. */
+#define MEMO_SLOTS 256u
+
+typedef struct memo_entry {
+  object_header h;
+  uint8_t used;
+} memo_entry;
+
+struct kvt__object_memo {
+  memo_entry e[MEMO_SLOTS];
+};
+
+static memo_entry *memo_slot(kvt_cache *c, const kvt_key *key, int make) {
+  if (!c->objects && make) c->objects = calloc(1, sizeof *c->objects);
+  return c->objects ? &c->objects->e[key->lo % MEMO_SLOTS] : NULL;
+}
+
+static void memo_put(kvt_cache *c, const object_header *h) {
+  pthread_mutex_lock(&c->lock);
+  memo_entry *m = memo_slot(c, &h->key, 1);
+  if (m) *m = (memo_entry){.h = *h, .used = 1};
+  pthread_mutex_unlock(&c->lock);
+}
+
+static int memo_get(kvt_cache *c, const kvt_key *key, object_header *h) {
+  pthread_mutex_lock(&c->lock);
+  memo_entry *m = memo_slot(c, key, 0);
+  int rc = m && m->used && kvt__key_eq(&m->h.key, key) ? 0 : KVT_EMISS;
+  if (rc == 0) *h = m->h;
+  pthread_mutex_unlock(&c->lock);
+  return rc;
+}
+
+static void memo_drop(kvt_cache *c, const kvt_key *key) {
+  pthread_mutex_lock(&c->lock);
+  memo_entry *m = memo_slot(c, key, 0);
+  if (m && m->used && kvt__key_eq(&m->h.key, key)) m->used = 0;
+  pthread_mutex_unlock(&c->lock);
+}
+
+void kvt__object_memo_free(kvt_cache *c) {
+  free(c->objects);
+  c->objects = NULL;
+}
+
 /* A value no other put shares, across processes and restarts. */
 static uint64_t put_nonce(kvt_cache *c, const kvt_key *key) {
   static _Atomic uint64_t counter;
@@ -271,6 +383,7 @@ int kvt_object_put(kvt_cache *c, const uint32_t *tokens, size_t n_tokens, const 
     goto out;
   }
   /* Parts left by an object partly evicted would be skipped by the put. */
+  memo_drop(c, &h.key);
   kvt_remove(c, io.keys, h.parts, NULL);
   h.nonce = put_nonce(c, &h.key);
   memset(io.mem, 0, io.mem_len);
@@ -289,6 +402,7 @@ int kvt_object_put(kvt_cache *c, const uint32_t *tokens, size_t n_tokens, const 
     kvt_remove(c, io.keys, h.parts, NULL);
     rc = KVT_ENOSPACE;
   }
+  if (rc == 0) memo_put(c, &h);
 out:
   io_free(c, &io);
   return rc;
@@ -315,23 +429,21 @@ static int header_in_host(kvt_cache *c, const kvt_key *k0, object_header *h, par
 /* A part's worth of scratch for reading headers from disk (straight when it can). */
 typedef struct part_scratch {
   char *mem;
+  int kept;
   kvt_region r;
 } part_scratch;
 
 static int scratch_open(kvt_cache *c, part_scratch *s) {
   size_t block = kvt_block_bytes(c);
   s->r = KVT_REGION_NONE;
-  if (posix_memalign((void **)&s->mem, PAGE, kvt__align_up(block, PAGE))) {
-    s->mem = NULL;
-    return -ENOMEM;
-  }
+  if (!(s->mem = scratch_get(kvt__align_up(block, PAGE), &s->kept))) return -ENOMEM;
   if (meta_bytes(block) == PAGE) s->r = straight_region(c, s->mem, block);
   return 0;
 }
 
 static void scratch_close(kvt_cache *c, part_scratch *s) {
   if (s->r != KVT_REGION_NONE) kvt_unregister_memory(c, s->r);
-  free(s->mem);
+  if (s->mem) scratch_put(s->mem, s->kept);
 }
 
 /* Reads and checks the header of the object filed under key into *h. */
@@ -342,9 +454,11 @@ static int read_header(kvt_cache *c, const kvt_key *key, const part_scratch *s, 
   int rc = kvt_exists(c, NULL, &k0, 1, KVT_KEYS_OPAQUE, &res, NULL);
   if (rc) return rc;
   if (res.n_prefix != 1) return KVT_EMISS;
+  if (memo_get(c, key, h) == 0) return 0;
   part_trailer t;
   size_t block = kvt_block_bytes(c);
-  if (header_in_host(c, &k0, h, &t) != 0) {
+  int from_disk = header_in_host(c, &k0, h, &t) != 0;
+  if (from_disk) {
     kvt_piece p = {.ptr = s->mem, .len = block};
     if (s->r != KVT_REGION_NONE) p = (kvt_piece){.region = s->r, .len = block};
     if ((rc = run_parts(c, 1, &k0, &p, 1, 1)) != 0) return rc;
@@ -354,6 +468,7 @@ static int read_header(kvt_cache *c, const kvt_key *key, const part_scratch *s, 
   if (h->magic != OBJECT_MAGIC || !kvt__key_eq(&h->key, key) || h->bytes == 0 || h->bytes > MAX_OBJECT_BYTES ||
       h->parts != parts_for(h->bytes, block) || t.nonce != h->nonce || t.index != 0 || t.parts != h->parts)
     return KVT_ECORRUPT;
+  if (from_disk) memo_put(c, h);
   return 0;
 }
 
@@ -388,7 +503,7 @@ int kvt_object_find(kvt_cache *c, const uint32_t *tokens, size_t n_tokens, kvt_o
     object_header h;
     uint32_t tier;
     int r = read_header(c, &keys[i], &s, &h);
-    if (r == 0) r = parts_present(c, &h, &tier);
+    if (r == 0 && (r = parts_present(c, &h, &tier)) != 0) memo_drop(c, &keys[i]);
     if (r == -ENOMEM || r == -EINVAL) {
       rc = r;
       break;
@@ -419,6 +534,7 @@ static void remove_parts(kvt_cache *c, const kvt_key *key, uint32_t parts) {
   kvt_key *pk = malloc(parts * sizeof *pk);
   if (!pk) return;
   part_keys(c, key, 0, parts, pk);
+  memo_drop(c, key);
   kvt_remove(c, pk, parts, NULL);
   free(pk);
 }
@@ -447,15 +563,20 @@ int kvt_object_get(kvt_cache *c, const kvt_object_info *info, const uint32_t *to
   object_pieces(&io);
   if ((rc = run_parts(c, 1, io.keys, io.p, parts, PIECES)) != 0) {
     if (rc == KVT_ECORRUPT) remove_parts(c, &info->key, parts);
+    else memo_drop(c, &info->key);
     goto out;
   }
+  /* Parts of one put, part 0's header whole: else the object is damaged. */
   const object_header *h = io_header(&io);
-  if (h->magic != OBJECT_MAGIC || !kvt__key_eq(&h->key, &info->key) || h->bytes != info->bytes || h->parts != parts)
+  if (h->magic != OBJECT_MAGIC || !kvt__key_eq(&h->key, &info->key) || h->bytes == 0 ||
+      h->bytes > MAX_OBJECT_BYTES || h->parts != parts_for(h->bytes, block))
     rc = KVT_ECORRUPT;
-  for (uint32_t i = 0; rc == 0 && i < parts; i++) {
+  for (uint32_t i = 0; rc == 0 && i < parts && i < h->parts; i++) {
     const part_trailer *t = io_trailer(&io, i);
-    if (t->nonce != h->nonce || t->index != i || t->parts != parts) rc = KVT_ECORRUPT;
+    if (t->nonce != h->nonce || t->index != i || t->parts != h->parts) rc = KVT_ECORRUPT;
   }
+  /* A whole object other than the one find described: put since. */
+  if (rc == 0 && (h->bytes != info->bytes || h->parts != parts || h->n_tokens != info->n_tokens)) rc = KVT_EMISS;
   if (rc == 0 && (info->match_tokens >= h->n_tokens
                       ? kvt__xxh3_64(tokens, h->n_tokens * sizeof *tokens, 0) != h->tokens_hash
                       : !tokens_have_key(c, tokens, info->match_tokens, &h->key)))
@@ -465,6 +586,7 @@ int kvt_object_get(kvt_cache *c, const kvt_object_info *info, const uint32_t *to
     memcpy((char *)buf + tail_off, io.tail, tail_len);
   }
   if (rc == KVT_ECORRUPT) remove_parts(c, &info->key, parts);
+  else if (rc) memo_drop(c, &info->key);
 out:
   io_free(c, &io);
   return rc;
