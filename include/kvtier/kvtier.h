@@ -924,9 +924,13 @@ KVT_API int kvt_metrics_write(kvt_cache *c, int format, char *buf, size_t *len);
  * When the block size is a multiple of 4 KiB and at least 32 KiB, the meta
  * area is a 4 KiB page, so that with a page-aligned buffer every part's
  * bytes are whole pages: these calls then register the buffer as a region
- * for their duration (kvt_register_memory; skipped when it overlaps one of
- * the caller's, or the table is full) and the disk tier moves the parts
- * straight between the file and the buffer, without a staging copy. Else
+ * for their duration, with a page-aligned scratch of their own
+ * (kvt_register_memory; skipped when it overlaps one of the caller's, or
+ * the table is full; meanwhile a region of the caller's over the same
+ * memory is refused, and each call in flight holds two of the table's 64
+ * entries) and the disk tier moves the parts straight between the file
+ * and the buffer, without a staging copy. Each thread keeps that scratch
+ * (up to 16 MiB) between calls. Else
  * the meta area is the 80 bytes. Pick the block size near a few hundred
  * KiB for objects of megabytes: parts are whole blocks. An object needs at
  * most max_job_blocks parts (-E2BIG past that). These calls wait for
@@ -963,13 +967,16 @@ KVT_API int kvt_object_put(kvt_cache *c, const uint32_t *tokens, size_t n_tokens
  * whole (every part in a tier, the header readable and its tokens equal to
  * the caller's) and describes it in *info. Returns 0 found, KVT_EMISS when
  * no prefix has one, or the errors of kvt_object_put. Reads the first part
- * of each candidate (may block). */
+ * of each candidate, unless this cache put that object or read its header
+ * before (it remembers the headers of recent objects, checked against the
+ * tiers at every find; get checks them again). May block. */
 KVT_API int kvt_object_find(kvt_cache *c, const uint32_t *tokens, size_t n_tokens, kvt_object_info *info);
 
 /* Reads the object that kvt_object_find described into buf (cap >=
  * info->bytes). tokens are the caller's, at least info->match_tokens long,
  * checked again against the header. Returns 0 (buf holds exactly the bytes
- * put), KVT_EMISS (evicted since), KVT_ECORRUPT (a part failed its
+ * put), KVT_EMISS (evicted since, or another object put under its key
+ * since: find again), KVT_ECORRUPT (a part failed its
  * checksum, or the parts are not all of one put: the object is removed), KVT_EMISMATCH (other tokens), -ENOBUFS (cap too small),
  * -EINVAL. May block. */
 KVT_API int kvt_object_get(kvt_cache *c, const kvt_object_info *info, const uint32_t *tokens, void *buf,
