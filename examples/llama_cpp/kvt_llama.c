@@ -173,12 +173,16 @@ int kl_prefill(kl_engine *e, const llama_token *t, size_t from, size_t to, float
   return 0;
 }
 
+/* Page-aligned, so that kvtier's disk tier reads and writes the state
+ * straight (kvt_object_get registers it for the call), with no staging copy. */
 static int state_room(kl_engine *e, size_t need) {
   if (need <= e->state_cap) return 0;
-  uint8_t *p = realloc(e->state, need);
-  if (!p) return -ENOMEM;
+  void *p = NULL;
+  size_t cap = (need + 4095) & ~(size_t)4095;
+  if (posix_memalign(&p, 4096, cap)) return -ENOMEM;
+  free(e->state);
   e->state = p;
-  e->state_cap = need;
+  e->state_cap = cap;
   return 0;
 }
 

@@ -41,6 +41,7 @@ static const char *mode_names[N_MODES] = {"recompute",          "kvtier host",  
 
 typedef struct sample {
   double ttft, restore, cpu; /* seconds: first token, restore alone (wall), restore's process CPU */
+  double find, get, set;     /* kvtier: the restore's steps (wall) */
 } sample;
 
 static int cmp_double(const void *a, const void *b) {
@@ -99,7 +100,7 @@ static int kvtier_sample(kl_engine *e, const llama_token *t, size_t len, size_t 
             (unsigned long long)tr.restored, len, tr.tier, want);
     return -1;
   }
-  *s = (sample){tr.ttft_s, tr.find_s + tr.get_s + tr.set_s, tr.restore_cpu_s};
+  *s = (sample){tr.ttft_s, tr.find_s + tr.get_s + tr.set_s, tr.restore_cpu_s, tr.find_s, tr.get_s, tr.set_s};
   return 0;
 }
 
@@ -112,7 +113,7 @@ static int file_sample(kl_engine *e, const char *path, const llama_token *t, siz
   if (llama_state_seq_load_file(e->ctx, path, 0, scratch, len + fresh, &n) == 0 || n != len) return -1;
   double t1 = kl_now(), c1 = kl_cpu_now();
   if (kl_prefill(e, t, len, len + fresh, NULL)) return -1;
-  *s = (sample){kl_now() - t0, t1 - t0, c1 - c0};
+  *s = (sample){kl_now() - t0, t1 - t0, c1 - c0, 0, 0, 0};
   return 0;
 }
 
@@ -120,7 +121,7 @@ static int recompute_sample(kl_engine *e, const llama_token *t, size_t n, sample
   kl_clear(e);
   double t0 = kl_now();
   if (kl_prefill(e, t, 0, n, NULL)) return -1;
-  *s = (sample){kl_now() - t0, 0, 0};
+  *s = (sample){kl_now() - t0, 0, 0, 0, 0, 0};
   return 0;
 }
 
@@ -159,23 +160,30 @@ static int run_mode(bench *b, int m, kl_engine *h, kl_engine *d, const llama_tok
 }
 
 static void print_length(bench *b, size_t len, size_t bytes, sample (*v)[64], const int *n) {
-  double med[N_MODES][3];
+  double med[N_MODES][6];
   for (int m = 0; m < N_MODES; m++) {
-    double w[64], r[64], c[64];
-    for (int i = 0; i < n[m]; i++) w[i] = v[m][i].ttft, r[i] = v[m][i].restore, c[i] = v[m][i].cpu;
-    med[m][0] = median(w, n[m]);
-    med[m][1] = median(r, n[m]);
-    med[m][2] = median(c, n[m]);
+    double x[6][64];
+    for (int i = 0; i < n[m]; i++) {
+      const sample *s = &v[m][i];
+      x[0][i] = s->ttft, x[1][i] = s->restore, x[2][i] = s->cpu, x[3][i] = s->find, x[4][i] = s->get, x[5][i] = s->set;
+    }
+    for (int k = 0; k < 6; k++) med[m][k] = median(x[k], n[m]);
   }
   printf("\n%zu tokens stored + %zu new; state %.2f MB; medians of %d rounds (recompute: %d), load average now %.1f\n",
          len, b->fresh, (double)bytes / 1e6, n[M_HOST], n[M_RECOMPUTE], load_avg());
-  printf("  %-20s %11s %9s %14s %14s\n", "mode", "TTFT ms", "speedup", "restore ms", "restore CPU ms");
+  printf("  %-20s %11s %9s %14s %14s %22s\n", "mode", "TTFT ms", "speedup", "restore ms", "restore CPU ms",
+         "find / get / set ms");
   for (int m = 0; m < N_MODES; m++) {
-    if (m == M_RECOMPUTE)
-      printf("  %-20s %11.1f %9s %14s %14s\n", mode_names[m], med[m][0] * 1e3, "1x", "-", "-");
-    else
-      printf("  %-20s %11.1f %8.0fx %14.2f %14.2f\n", mode_names[m], med[m][0] * 1e3, med[0][0] / med[m][0],
-             med[m][1] * 1e3, med[m][2] * 1e3);
+    char speed[32] = "-", steps[64] = "";
+    if (n[M_RECOMPUTE] && m != M_RECOMPUTE) snprintf(speed, sizeof speed, "%.0fx", med[0][0] / med[m][0]);
+    if (m == M_HOST || m == M_DISK || m == M_RESTART)
+      snprintf(steps, sizeof steps, "%.2f / %.2f / %.2f", med[m][3] * 1e3, med[m][4] * 1e3, med[m][5] * 1e3);
+    if (m == M_RECOMPUTE) {
+      if (n[m]) printf("  %-20s %11.1f %9s %14s %14s\n", mode_names[m], med[m][0] * 1e3, "1x", "-", "-");
+    } else {
+      printf("  %-20s %11.1f %9s %14.2f %14.2f %22s\n", mode_names[m], med[m][0] * 1e3, speed, med[m][1] * 1e3,
+             med[m][2] * 1e3, steps);
+    }
   }
   printf("  kvtier / llama.cpp file, restore (wall, CPU): host/warm %.2f, %.2f; disk/cold %.2f, %.2f; "
          "disk+restart/cold %.2f, %.2f\n",
@@ -365,13 +373,13 @@ int main(int argc, char **argv) {
       }
     } else {
       fprintf(stderr, "usage: %s --model M.gguf [--dir D] [--lengths 512,2048,...] [--new N] [--threads N] "
-                      "[--rounds N] [--reps N] [--convs N (0: none)] [--conv-tokens N]\n", argv[0]);
+                      "[--rounds N] [--reps N (0: no recompute)] [--convs N (0: none)] [--conv-tokens N]\n", argv[0]);
       return 2;
     }
   }
   for (int i = 0; i < n_len; i++)
     if (lengths[i] < 64) n_len = 0;
-  if (!b.o.model_path || b.rounds < 1 || b.rounds > 64 || b.reps < 1 || b.fresh < 1 || n_len < 1 || convs < 0 ||
+  if (!b.o.model_path || b.rounds < 1 || b.rounds > 64 || b.reps < 0 || b.fresh < 1 || n_len < 1 || convs < 0 ||
       conv_tokens < 256) {
     fprintf(stderr, "%s: --model is required; lengths >= 64, 1 <= --rounds <= 64, --conv-tokens >= 256\n", argv[0]);
     return 2;

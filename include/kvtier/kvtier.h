@@ -919,17 +919,28 @@ KVT_API int kvt_metrics_write(kvt_cache *c, int format, char *buf, size_t *len);
  * covers (kvt_hash_tokens from the namespace) and split into parts of
  * kvt_block_bytes each, stored as storage-mode blocks under keys derived
  * from that key: the same tiers, records, checksums, namespace, LRU and
- * restart recovery as blocks. The first part starts with a 64-byte header
- * (the object's length, the tokens it covers, a hash of its tokens, a value
- * unique to its put) and every part ends with a 16-byte trailer naming that
- * put and the part's index. A part evicted, failing its record checksum
- * (disk), or of another put (a put racing another under the same key)
- * makes the whole object a miss. The parts lie straight in the caller's
- * buffer (pieces of storage-mode blocks): a put or a get copies the bytes
- * once, split between the storage workers. Pick the block size near a few
- * hundred KiB for objects of megabytes: parts are whole blocks. An object
- * needs at most max_job_blocks parts (-E2BIG past that). These calls wait
- * for their copies (may block); like every call they may run from several
+ * restart recovery as blocks. Every part starts with a meta area: the
+ * first part's holds a 64-byte header (the object's length, the tokens it
+ * covers, a hash of its tokens, a value unique to its put), every part's a
+ * 16-byte trailer naming that put and the part's index. A part evicted,
+ * failing its record checksum (disk), or of another put (a put racing
+ * another under the same key) makes the whole object a miss. The parts
+ * lie straight in the caller's buffer (pieces of storage-mode blocks): a
+ * put or a get copies the bytes once, split between the storage workers.
+ * When the block size is a multiple of 4 KiB and at least 32 KiB, the meta
+ * area is a 4 KiB page, so that with a page-aligned buffer every part's
+ * bytes are whole pages: these calls then register the buffer as a region
+ * for their duration, with a page-aligned scratch of their own
+ * (kvt_register_memory; skipped when it overlaps one of the caller's, or
+ * the table is full; meanwhile a region of the caller's over the same
+ * memory is refused, and each call in flight holds two of the table's 64
+ * entries) and the disk tier moves the parts straight between the file
+ * and the buffer, without a staging copy. Each thread keeps that scratch
+ * (up to 16 MiB) between calls. Else
+ * the meta area is the 80 bytes. Pick the block size near a few hundred
+ * KiB for objects of megabytes: parts are whole blocks. An object needs at
+ * most max_job_blocks parts (-E2BIG past that). These calls wait for
+ * their copies (may block); like every call they may run from several
  * threads at once. */
 
 typedef struct kvt_object_info {
@@ -962,13 +973,16 @@ KVT_API int kvt_object_put(kvt_cache *c, const uint32_t *tokens, size_t n_tokens
  * whole (every part in a tier, the header readable and its tokens equal to
  * the caller's) and describes it in *info. Returns 0 found, KVT_EMISS when
  * no prefix has one, or the errors of kvt_object_put. Reads the first part
- * of each candidate (may block). */
+ * of each candidate, unless this cache put that object or read its header
+ * before (it remembers the headers of recent objects, checked against the
+ * tiers at every find; get checks them again). May block. */
 KVT_API int kvt_object_find(kvt_cache *c, const uint32_t *tokens, size_t n_tokens, kvt_object_info *info);
 
 /* Reads the object that kvt_object_find described into buf (cap >=
  * info->bytes). tokens are the caller's, at least info->match_tokens long,
  * checked again against the header. Returns 0 (buf holds exactly the bytes
- * put), KVT_EMISS (evicted since), KVT_ECORRUPT (a part failed its
+ * put), KVT_EMISS (evicted since, or another object put under its key
+ * since: find again), KVT_ECORRUPT (a part failed its
  * checksum, or the parts are not all of one put: the object is removed), KVT_EMISMATCH (other tokens), -ENOBUFS (cap too small),
  * -EINVAL. May block. */
 KVT_API int kvt_object_get(kvt_cache *c, const kvt_object_info *info, const uint32_t *tokens, void *buf,

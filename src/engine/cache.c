@@ -465,6 +465,7 @@ void kvt_close(kvt_cache *c) {
   free(c->reqs);
   free(c->req_free);
   kvt__refs_fini(c);
+  kvt__object_memo_free(c);
   free(c->scratch_tiers);
   free(c->scratch_entries);
   free(c->segments);

@@ -149,6 +149,7 @@ struct kvt_cache {
   int layout_ready, metadata_only;
   int storage_mode;     /* KVT_LAYOUT_STORAGE: the engine owns its memory (storage.c) */
   struct kvt__storage *storage;
+  struct kvt__object_memo *objects; /* object.c: headers of objects put or read (under lock) */
   int register_failed;  /* a failed kvt_register_layout leaves the cache only closable */
   uint32_t salt;        /* mixed into handle generations: foreign handles do not match */
   kvt_layout layout;
@@ -305,6 +306,7 @@ int kvt__make_room(kvt_cache *c, int tier, uint32_t need, int may_wait);
 int kvt__storage_layout_ok(kvt_cache *c, const kvt_layout *l);
 int kvt__storage_init(kvt_cache *c);  /* at the end of kvt_register_layout */
 void kvt__storage_fini(kvt_cache *c); /* in kvt_close, after kvt_drain; NULL storage is fine */
+void kvt__object_memo_free(kvt_cache *c); /* in kvt_close */
 
 /* remote_tier.c: the remote tier T3. */
 struct kvt__remote;

@@ -14,9 +14,9 @@
 #include "store/record.h"
 #include "util/clock.h"
 
-#define OBJECT_MAGIC 0x32304a424f54564bull /* "KVTOBJ02" */
+#define OBJECT_MAGIC 0x33304a424f54564bull /* "KVTOBJ03" */
 
-/* At the start of part 0; the object's bytes follow it. */
+/* In part 0's meta area: the object. */
 typedef struct object_header {
   uint64_t magic;
   uint64_t bytes;
@@ -28,11 +28,12 @@ typedef struct object_header {
   uint32_t reserved;
 } object_header;
 
-/* At the end of every part: which put and which part it is. Parts whose
- * trailers disagree with the header are not one object (a put racing
- * another under the same key, a part left from an older put). Checking them
- * costs nothing per byte: the bytes themselves are guarded by the disk
- * records' checksums, and host RAM is trusted as it is for blocks. */
+/* In every part's meta area, after the header's place: which put and
+ * which part it is. Parts whose trailers disagree with the header are not
+ * one object (a put racing another under the same key, a part left from
+ * an older put). Checking them costs nothing per byte: the bytes
+ * themselves are guarded by the disk records' checksums, and host RAM is
+ * trusted as it is for blocks. */
 typedef struct part_trailer {
   uint64_t nonce;
   uint32_t index;
@@ -44,8 +45,9 @@ _Static_assert(sizeof(part_trailer) == 16, "part trailer layout");
 
 #define HEADER_BYTES sizeof(object_header)
 #define TRAILER_BYTES sizeof(part_trailer)
+#define PAGE ((size_t)KVT_RECORD_ALIGN)
 #define MAX_OBJECT_BYTES ((uint64_t)1 << 40)
-#define PIECES 4 /* per part: header, bytes, padding, trailer; split to make four */
+#define PIECES 4 /* per part: meta, bytes, tail; split to make four */
 
 /* Part i's key: the prefix key and i, as an opaque key of this namespace. */
 static void part_keys(kvt_cache *c, const kvt_key *key, uint32_t first, uint32_t n, kvt_key *out) {
@@ -57,12 +59,22 @@ static void part_keys(kvt_cache *c, const kvt_key *key, uint32_t first, uint32_t
 
 static int parts_present(kvt_cache *c, const struct object_header *h, uint32_t *tier);
 
-/* Parts of block bytes for an object: the header and a trailer a part. 0
- * when a block is too small to hold more than those. */
+/* A part is [meta | the object's next bytes]: the meta area holds part 0's
+ * header and every part's trailer. It is a whole page when parts are
+ * whole pages (and not too small for one to spare), so that with a
+ * page-aligned buffer every part's bytes are whole pages at page-aligned
+ * addresses, which the disk tier reads and writes straight, without a
+ * staging copy; else just the header and trailer. */
+static size_t meta_bytes(size_t block) {
+  return block % PAGE == 0 && block >= 8 * PAGE ? PAGE : HEADER_BYTES + TRAILER_BYTES;
+}
+
+/* Parts of block bytes for an object; 0 when a block is too small. */
 static uint32_t parts_for(uint64_t bytes, size_t block) {
-  if (block <= HEADER_BYTES + TRAILER_BYTES) return 0;
-  uint64_t per = block - TRAILER_BYTES;
-  return (uint32_t)((bytes + HEADER_BYTES + per - 1) / per);
+  size_t meta = meta_bytes(block);
+  if (block < meta + 64) return 0;
+  uint64_t per = block - meta;
+  return (uint32_t)((bytes + per - 1) / per);
 }
 
 /* The prefix keys of tokens' full blocks: *keys (malloc'd, n of them). */
@@ -119,61 +131,221 @@ static int run_parts(kvt_cache *c, int get, const kvt_key *keys, const kvt_piece
   return rc;
 }
 
-/* The scratch of one put or get: the header, every part's trailer, and a
- * block of padding (zeros for a put) behind the last part's bytes. */
-typedef struct object_io {
+/* Scratch memory, page-aligned, kept per thread between calls: fresh
+ * memory for every call would be faulted in page by page as the disk
+ * reads into it, which on a virtual machine costs more than the read's
+ * own CPU. Past KEEP_BYTES it is the call's own. */
+#define KEEP_BYTES ((size_t)16 << 20)
+
+typedef struct kept_scratch {
   char *mem;
-  object_header *h;
-  part_trailer *tr;
-  char *pad;
+  size_t len;
+  int in_use;
+} kept_scratch;
+
+static pthread_key_t kept_key;
+static pthread_once_t kept_once = PTHREAD_ONCE_INIT;
+static int kept_ok;
+
+static void kept_free(void *p) {
+  kept_scratch *k = p;
+  free(k->mem);
+  free(k);
+}
+
+static void kept_init(void) { kept_ok = pthread_key_create(&kept_key, kept_free) == 0; }
+
+/* len bytes; *kept: 1 when they are the thread's kept scratch (scratch_put gives them back). */
+static char *scratch_get(size_t len, int *kept) {
+  *kept = 0;
+  pthread_once(&kept_once, kept_init);
+  kept_scratch *k = kept_ok && len <= KEEP_BYTES ? pthread_getspecific(kept_key) : NULL;
+  if (!k && kept_ok && len <= KEEP_BYTES && (k = calloc(1, sizeof *k)) != NULL && pthread_setspecific(kept_key, k)) {
+    free(k);
+    k = NULL;
+  }
+  if (k && !k->in_use) {
+    if (k->len < len) {
+      free(k->mem);
+      k->len = 0;
+      if (posix_memalign((void **)&k->mem, PAGE, len)) k->mem = NULL;
+      else k->len = len;
+    }
+    if (k->mem) {
+      k->in_use = 1;
+      *kept = 1;
+      return k->mem;
+    }
+  }
+  void *p = NULL;
+  return posix_memalign(&p, PAGE, len) ? NULL : p;
+}
+
+static void scratch_put(char *mem, int kept) {
+  if (!kept) {
+    free(mem);
+    return;
+  }
+  kept_scratch *k = pthread_getspecific(kept_key);
+  k->in_use = 0;
+}
+
+/* Memory the disk tier may move straight (storage mode's registered
+ * regions), registered for one call when that can pay: a region of its
+ * own, page-aligned. KVT_REGION_NONE when not (the parts go through the
+ * storage workers' staging instead). */
+static kvt_region straight_region(kvt_cache *c, const void *p, size_t len) {
+  kvt_region r = KVT_REGION_NONE;
+  if (!c->storage || !c->storage->straight || (uintptr_t)p % PAGE ||
+      kvt_register_memory(c, (void *)(uintptr_t)p, len, KVT_MEM_HOST, &r))
+    return KVT_REGION_NONE;
+  return r;
+}
+
+/* The scratch of one put or get: every part's meta area, then the tail
+ * (the last part's bytes past its last whole page, then padding). */
+typedef struct object_io {
+  char *mem, *tail, *buf;
+  int kept;
+  size_t mem_len, block, meta;
+  uint64_t bytes;
+  uint32_t parts;
+  kvt_region mem_r, buf_r;
   kvt_piece *p;
   kvt_key *keys;
 } object_io;
 
-static int io_alloc(object_io *io, uint32_t parts, size_t block) {
-  io->mem = calloc(1, HEADER_BYTES + (size_t)parts * TRAILER_BYTES + block);
-  io->p = malloc((size_t)parts * PIECES * sizeof *io->p);
-  io->keys = malloc(parts * sizeof *io->keys);
+static object_header *io_header(const object_io *io) { return (object_header *)(void *)io->mem; }
+static part_trailer *io_trailer(const object_io *io, uint32_t i) {
+  return (part_trailer *)(void *)(io->mem + (size_t)i * io->meta + HEADER_BYTES);
+}
+
+static int io_alloc(kvt_cache *c, object_io *io, char *buf, uint64_t bytes, size_t block) {
+  io->block = block;
+  io->meta = meta_bytes(block);
+  io->parts = parts_for(bytes, block);
+  io->bytes = bytes;
+  io->buf = buf;
+  io->mem_r = io->buf_r = KVT_REGION_NONE;
+  size_t metas = kvt__align_up((size_t)io->parts * io->meta, PAGE);
+  io->mem_len = metas + block - io->meta;
+  io->mem = io->parts ? scratch_get(io->mem_len, &io->kept) : NULL;
+  io->p = malloc((size_t)io->parts * PIECES * sizeof *io->p);
+  io->keys = malloc(io->parts * sizeof *io->keys);
   if (!io->mem || !io->p || !io->keys) return -ENOMEM;
-  io->h = (object_header *)(void *)io->mem;
-  io->tr = (part_trailer *)(void *)(io->mem + HEADER_BYTES);
-  io->pad = io->mem + HEADER_BYTES + (size_t)parts * TRAILER_BYTES;
+  io->tail = io->mem + metas;
+  if (io->meta == PAGE) {
+    io->mem_r = straight_region(c, io->mem, io->mem_len);
+    if (io->mem_r != KVT_REGION_NONE) io->buf_r = straight_region(c, buf, bytes);
+  }
   return 0;
 }
 
-static void io_free(object_io *io) {
-  free(io->mem);
+static void io_free(kvt_cache *c, object_io *io) {
+  if (io->buf_r != KVT_REGION_NONE) kvt_unregister_memory(c, io->buf_r);
+  if (io->mem_r != KVT_REGION_NONE) kvt_unregister_memory(c, io->mem_r);
+  if (io->mem) scratch_put(io->mem, io->kept);
   free(io->p);
   free(io->keys);
 }
 
-/* Part i's pieces: its share of buf lies in the engine's buffer itself,
- * so neither a put nor a get copies the object's bytes more than once.
- * Natural pieces (header, bytes, padding, trailer) are split, longest
- * first, to make PIECES, as every part of a batch has as many. */
-static void part_pieces(const object_io *io, char *buf, uint64_t bytes, size_t block, uint32_t i, kvt_piece *p) {
+/* Bytes [off, off + len) of the scratch (in_buf 0) or the caller's buffer. */
+static kvt_piece io_piece(const object_io *io, int in_buf, uint64_t off, uint64_t len) {
+  kvt_region r = in_buf ? io->buf_r : io->mem_r;
+  char *base = in_buf ? io->buf : io->mem;
+  if (r == KVT_REGION_NONE) return (kvt_piece){.ptr = base + off, .len = len};
+  return (kvt_piece){.region = r, .offset = off, .len = len};
+}
+
+/* The last part's bytes past its last whole page, which lie in the tail. */
+static uint64_t tail_at(const object_io *io, uint64_t *n) {
+  uint64_t per = io->block - io->meta, off = (uint64_t)(io->parts - 1) * per, len = io->bytes - off;
+  uint64_t whole = len == per ? len : len & ~(uint64_t)(PAGE - 1);
+  *n = len - whole;
+  return off + whole;
+}
+
+/* Part i's pieces: its meta area, its share of the caller's buffer (whole
+ * pages but in a last part that is not full), and the tail. Split, longest
+ * first and on page boundaries where they can be, to make PIECES, as every
+ * part of a batch has as many. */
+static void part_pieces(const object_io *io, uint32_t i, kvt_piece *p) {
   uint32_t n = 0;
-  uint64_t off = i == 0 ? 0 : (uint64_t)i * (block - TRAILER_BYTES) - HEADER_BYTES;
-  uint64_t room = block - TRAILER_BYTES - (i == 0 ? HEADER_BYTES : 0);
-  uint64_t len = bytes - off < room ? bytes - off : room;
-  if (i == 0) p[n++] = (kvt_piece){.ptr = io->h, .len = HEADER_BYTES};
-  p[n++] = (kvt_piece){.ptr = buf + off, .len = len};
-  if (room > len) p[n++] = (kvt_piece){.ptr = io->pad, .len = room - len};
-  p[n++] = (kvt_piece){.ptr = &io->tr[i], .len = TRAILER_BYTES};
+  uint64_t per = io->block - io->meta, off = (uint64_t)i * per;
+  uint64_t len = io->bytes - off < per ? io->bytes - off : per;
+  uint64_t whole = len == per ? len : len & ~(uint64_t)(PAGE - 1);
+  p[n++] = io_piece(io, 0, (uint64_t)i * io->meta, io->meta);
+  if (whole) p[n++] = io_piece(io, 1, off, whole);
+  if (whole < per) p[n++] = io_piece(io, 0, (uint64_t)(io->tail - io->mem), per - whole);
   while (n < PIECES) {
     uint32_t m = 0;
     for (uint32_t k = 1; k < n; k++)
       if (p[k].len > p[m].len) m = k;
     memmove(&p[m + 2], &p[m + 1], (n - m - 1) * sizeof *p);
-    uint64_t half = p[m].len / 2;
-    p[m + 1] = (kvt_piece){.ptr = (char *)p[m].ptr + half, .len = p[m].len - half};
+    uint64_t half = p[m].len / 2 >= PAGE ? p[m].len / 2 & ~(uint64_t)(PAGE - 1) : p[m].len / 2;
+    p[m + 1] = p[m];
+    if (p[m].region == KVT_REGION_NONE) p[m + 1].ptr = (char *)p[m].ptr + half;
+    else p[m + 1].offset += half;
+    p[m + 1].len = p[m].len - half;
     p[m].len = half;
     n++;
   }
 }
 
-static void object_pieces(object_io *io, char *buf, uint64_t bytes, size_t block, uint32_t parts) {
-  for (uint32_t i = 0; i < parts; i++) part_pieces(io, buf, bytes, block, i, &io->p[(size_t)i * PIECES]);
+static void object_pieces(object_io *io) {
+  for (uint32_t i = 0; i < io->parts; i++) part_pieces(io, i, &io->p[(size_t)i * PIECES]);
+}
+
+/* Headers of objects this cache put or read from disk, so that finding
+ * one again reads nothing (a disk read of part 0 is a worker's round trip
+ * and a part's I/O: most of a small object's restore). Direct-mapped by
+ * key: a collision only forgets. An entry names a header that was whole
+ * and checked when it was entered; find still checks that every part is
+ * in a tier, and get checks the header it reads against the one find
+ * described (another put since is a miss, not a corruption). Guarded by
+ * c->lock. */
+#define MEMO_SLOTS 256u
+
+typedef struct memo_entry {
+  object_header h;
+  uint8_t used;
+} memo_entry;
+
+struct kvt__object_memo {
+  memo_entry e[MEMO_SLOTS];
+};
+
+static memo_entry *memo_slot(kvt_cache *c, const kvt_key *key, int make) {
+  if (!c->objects && make) c->objects = calloc(1, sizeof *c->objects);
+  return c->objects ? &c->objects->e[key->lo % MEMO_SLOTS] : NULL;
+}
+
+static void memo_put(kvt_cache *c, const object_header *h) {
+  pthread_mutex_lock(&c->lock);
+  memo_entry *m = memo_slot(c, &h->key, 1);
+  if (m) *m = (memo_entry){.h = *h, .used = 1};
+  pthread_mutex_unlock(&c->lock);
+}
+
+static int memo_get(kvt_cache *c, const kvt_key *key, object_header *h) {
+  pthread_mutex_lock(&c->lock);
+  memo_entry *m = memo_slot(c, key, 0);
+  int rc = m && m->used && kvt__key_eq(&m->h.key, key) ? 0 : KVT_EMISS;
+  if (rc == 0) *h = m->h;
+  pthread_mutex_unlock(&c->lock);
+  return rc;
+}
+
+static void memo_drop(kvt_cache *c, const kvt_key *key) {
+  pthread_mutex_lock(&c->lock);
+  memo_entry *m = memo_slot(c, key, 0);
+  if (m && m->used && kvt__key_eq(&m->h.key, key)) m->used = 0;
+  pthread_mutex_unlock(&c->lock);
+}
+
+void kvt__object_memo_free(kvt_cache *c) {
+  free(c->objects);
+  c->objects = NULL;
 }
 
 /* A value no other put shares, across processes and restarts. */
@@ -202,7 +374,7 @@ int kvt_object_put(kvt_cache *c, const uint32_t *tokens, size_t n_tokens, const 
   free(keys);
   if (!h.parts) return -EINVAL;
   object_io io = {0};
-  if ((rc = io_alloc(&io, h.parts, block)) != 0) goto out;
+  if ((rc = io_alloc(c, &io, (char *)(uintptr_t)data, len, block)) != 0) goto out;
   part_keys(c, &h.key, 0, h.parts, io.keys);
   kvt_lookup_result res = {.size = sizeof res};
   if ((rc = kvt_exists(c, NULL, io.keys, h.parts, KVT_KEYS_OPAQUE, &res, NULL)) != 0) goto out;
@@ -211,11 +383,16 @@ int kvt_object_put(kvt_cache *c, const uint32_t *tokens, size_t n_tokens, const 
     goto out;
   }
   /* Parts left by an object partly evicted would be skipped by the put. */
+  memo_drop(c, &h.key);
   kvt_remove(c, io.keys, h.parts, NULL);
   h.nonce = put_nonce(c, &h.key);
-  *io.h = h;
-  for (uint32_t i = 0; i < h.parts; i++) io.tr[i] = (part_trailer){.nonce = h.nonce, .index = i, .parts = h.parts};
-  object_pieces(&io, (char *)(uintptr_t)data, len, block, h.parts);
+  memset(io.mem, 0, io.mem_len);
+  *io_header(&io) = h;
+  for (uint32_t i = 0; i < h.parts; i++)
+    *io_trailer(&io, i) = (part_trailer){.nonce = h.nonce, .index = i, .parts = h.parts};
+  uint64_t tail_len, tail_off = tail_at(&io, &tail_len);
+  memcpy(io.tail, (const char *)data + tail_off, tail_len);
+  object_pieces(&io);
   /* The header's part last, so that a reader never finds it before the rest. */
   if (h.parts > 1 && (rc = run_parts(c, 0, io.keys + 1, io.p + PIECES, h.parts - 1, PIECES)) != 0) goto out;
   if ((rc = run_parts(c, 0, io.keys, io.p, 1, PIECES)) != 0) goto out;
@@ -225,8 +402,9 @@ int kvt_object_put(kvt_cache *c, const uint32_t *tokens, size_t n_tokens, const 
     kvt_remove(c, io.keys, h.parts, NULL);
     rc = KVT_ENOSPACE;
   }
+  if (rc == 0) memo_put(c, &h);
 out:
-  io_free(&io);
+  io_free(c, &io);
   return rc;
 }
 
@@ -234,38 +412,63 @@ out:
  * job (a worker's wake-up costs more than the 80 bytes): 0, or KVT_EMISS
  * when part 0 is not in the host tier. A valid slot is rewritten only after
  * it has been dropped, under the lock held here. */
-static int header_in_host(kvt_cache *c, const kvt_key *k0, size_t block, object_header *h, part_trailer *t) {
+static int header_in_host(kvt_cache *c, const kvt_key *k0, object_header *h, part_trailer *t) {
   int rc = KVT_EMISS;
   pthread_mutex_lock(&c->lock);
   uint32_t e = kvt__index_find(&c->map, k0);
   if (e != KVT__NONE && kvt__E(c, e)->state[KVT__T_HOST] == KVT__VALID) {
     const char *p = kvt__record_payload(kvt__host_slot(&c->host, kvt__E(c, e)->slot[KVT__T_HOST]), c->bt);
     memcpy(h, p, HEADER_BYTES);
-    memcpy(t, p + block - TRAILER_BYTES, TRAILER_BYTES);
+    memcpy(t, p + HEADER_BYTES, TRAILER_BYTES);
     rc = 0;
   }
   pthread_mutex_unlock(&c->lock);
   return rc;
 }
 
+/* A part's worth of scratch for reading headers from disk (straight when it can). */
+typedef struct part_scratch {
+  char *mem;
+  int kept;
+  kvt_region r;
+} part_scratch;
+
+static int scratch_open(kvt_cache *c, part_scratch *s) {
+  size_t block = kvt_block_bytes(c);
+  s->r = KVT_REGION_NONE;
+  if (!(s->mem = scratch_get(kvt__align_up(block, PAGE), &s->kept))) return -ENOMEM;
+  if (meta_bytes(block) == PAGE) s->r = straight_region(c, s->mem, block);
+  return 0;
+}
+
+static void scratch_close(kvt_cache *c, part_scratch *s) {
+  if (s->r != KVT_REGION_NONE) kvt_unregister_memory(c, s->r);
+  if (s->mem) scratch_put(s->mem, s->kept);
+}
+
 /* Reads and checks the header of the object filed under key into *h. */
-static int read_header(kvt_cache *c, const kvt_key *key, char *scratch, size_t block, object_header *h) {
+static int read_header(kvt_cache *c, const kvt_key *key, const part_scratch *s, object_header *h) {
   kvt_key k0;
   part_keys(c, key, 0, 1, &k0);
   kvt_lookup_result res = {.size = sizeof res};
   int rc = kvt_exists(c, NULL, &k0, 1, KVT_KEYS_OPAQUE, &res, NULL);
   if (rc) return rc;
   if (res.n_prefix != 1) return KVT_EMISS;
+  if (memo_get(c, key, h) == 0) return 0;
   part_trailer t;
-  if (header_in_host(c, &k0, block, h, &t) != 0) {
-    kvt_piece p = {.ptr = scratch, .len = block};
+  size_t block = kvt_block_bytes(c);
+  int from_disk = header_in_host(c, &k0, h, &t) != 0;
+  if (from_disk) {
+    kvt_piece p = {.ptr = s->mem, .len = block};
+    if (s->r != KVT_REGION_NONE) p = (kvt_piece){.region = s->r, .len = block};
     if ((rc = run_parts(c, 1, &k0, &p, 1, 1)) != 0) return rc;
-    memcpy(h, scratch, HEADER_BYTES);
-    memcpy(&t, scratch + block - TRAILER_BYTES, TRAILER_BYTES);
+    memcpy(h, s->mem, HEADER_BYTES);
+    memcpy(&t, s->mem + HEADER_BYTES, TRAILER_BYTES);
   }
   if (h->magic != OBJECT_MAGIC || !kvt__key_eq(&h->key, key) || h->bytes == 0 || h->bytes > MAX_OBJECT_BYTES ||
       h->parts != parts_for(h->bytes, block) || t.nonce != h->nonce || t.index != 0 || t.parts != h->parts)
     return KVT_ECORRUPT;
+  if (from_disk) memo_put(c, h);
   return 0;
 }
 
@@ -294,14 +497,13 @@ int kvt_object_find(kvt_cache *c, const uint32_t *tokens, size_t n_tokens, kvt_o
   size_t n_keys = 0;
   int rc = prefix_keys(c, tokens, n_tokens, &keys, &n_keys);
   if (rc) return rc == -EINVAL && c && tokens ? KVT_EMISS : rc;
-  size_t block = kvt_block_bytes(c);
-  char *scratch = malloc(block);
-  rc = scratch ? KVT_EMISS : -ENOMEM;
-  for (size_t i = n_keys; scratch && i-- > 0;) {
+  part_scratch s;
+  rc = scratch_open(c, &s) ? -ENOMEM : KVT_EMISS;
+  for (size_t i = n_keys; rc == KVT_EMISS && i-- > 0;) {
     object_header h;
     uint32_t tier;
-    int r = read_header(c, &keys[i], scratch, block, &h);
-    if (r == 0) r = parts_present(c, &h, &tier);
+    int r = read_header(c, &keys[i], &s, &h);
+    if (r == 0 && (r = parts_present(c, &h, &tier)) != 0) memo_drop(c, &keys[i]);
     if (r == -ENOMEM || r == -EINVAL) {
       rc = r;
       break;
@@ -322,9 +524,8 @@ int kvt_object_find(kvt_cache *c, const uint32_t *tokens, size_t n_tokens, kvt_o
                            .tier = tier};
     memcpy(info, &out, KVT_OBJECT_INFO_SIZE_V1);
     rc = 0;
-    break;
   }
-  free(scratch);
+  scratch_close(c, &s);
   free(keys);
   return rc;
 }
@@ -333,6 +534,7 @@ static void remove_parts(kvt_cache *c, const kvt_key *key, uint32_t parts) {
   kvt_key *pk = malloc(parts * sizeof *pk);
   if (!pk) return;
   part_keys(c, key, 0, parts, pk);
+  memo_drop(c, key);
   kvt_remove(c, pk, parts, NULL);
   free(pk);
 }
@@ -355,26 +557,38 @@ int kvt_object_get(kvt_cache *c, const kvt_object_info *info, const uint32_t *to
   if (!block || info->parts != parts_for(info->bytes, block)) return -EINVAL;
   uint32_t parts = info->parts;
   object_io io = {0};
-  int rc = io_alloc(&io, parts, block);
+  int rc = io_alloc(c, &io, buf, info->bytes, block);
   if (rc) goto out;
   part_keys(c, &info->key, 0, parts, io.keys);
-  object_pieces(&io, buf, info->bytes, block, parts);
+  object_pieces(&io);
   if ((rc = run_parts(c, 1, io.keys, io.p, parts, PIECES)) != 0) {
     if (rc == KVT_ECORRUPT) remove_parts(c, &info->key, parts);
+    else memo_drop(c, &info->key);
     goto out;
   }
-  const object_header *h = io.h;
-  if (h->magic != OBJECT_MAGIC || !kvt__key_eq(&h->key, &info->key) || h->bytes != info->bytes || h->parts != parts)
+  /* Parts of one put, part 0's header whole: else the object is damaged. */
+  const object_header *h = io_header(&io);
+  if (h->magic != OBJECT_MAGIC || !kvt__key_eq(&h->key, &info->key) || h->bytes == 0 ||
+      h->bytes > MAX_OBJECT_BYTES || h->parts != parts_for(h->bytes, block))
     rc = KVT_ECORRUPT;
-  for (uint32_t i = 0; rc == 0 && i < parts; i++)
-    if (io.tr[i].nonce != h->nonce || io.tr[i].index != i || io.tr[i].parts != parts) rc = KVT_ECORRUPT;
+  for (uint32_t i = 0; rc == 0 && i < parts && i < h->parts; i++) {
+    const part_trailer *t = io_trailer(&io, i);
+    if (t->nonce != h->nonce || t->index != i || t->parts != h->parts) rc = KVT_ECORRUPT;
+  }
+  /* A whole object other than the one find described: put since. */
+  if (rc == 0 && (h->bytes != info->bytes || h->parts != parts || h->n_tokens != info->n_tokens)) rc = KVT_EMISS;
   if (rc == 0 && (info->match_tokens >= h->n_tokens
                       ? kvt__xxh3_64(tokens, h->n_tokens * sizeof *tokens, 0) != h->tokens_hash
                       : !tokens_have_key(c, tokens, info->match_tokens, &h->key)))
     rc = KVT_EMISMATCH;
+  if (rc == 0) {
+    uint64_t tail_len, tail_off = tail_at(&io, &tail_len);
+    memcpy((char *)buf + tail_off, io.tail, tail_len);
+  }
   if (rc == KVT_ECORRUPT) remove_parts(c, &info->key, parts);
+  else if (rc) memo_drop(c, &info->key);
 out:
-  io_free(&io);
+  io_free(c, &io);
   return rc;
 }
 
@@ -383,17 +597,16 @@ int kvt_object_remove(kvt_cache *c, const uint32_t *tokens, size_t n_tokens) {
   size_t n_keys = 0;
   int rc = prefix_keys(c, tokens, n_tokens, &keys, &n_keys);
   if (rc) return rc;
-  size_t block = kvt_block_bytes(c);
-  char *scratch = malloc(block);
+  part_scratch s;
   object_header h;
-  rc = scratch ? read_header(c, &keys[n_keys - 1], scratch, block, &h) : -ENOMEM;
+  rc = scratch_open(c, &s) ? -ENOMEM : read_header(c, &keys[n_keys - 1], &s, &h);
   if (rc == 0 || rc == KVT_ECORRUPT) {
     /* A damaged header still names its part 0; the other parts age out. */
     uint32_t parts = rc == 0 ? h.parts : 1;
     remove_parts(c, &keys[n_keys - 1], parts);
     rc = 0;
   }
-  free(scratch);
+  scratch_close(c, &s);
   free(keys);
   return rc;
 }
