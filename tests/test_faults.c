@@ -602,6 +602,48 @@ static void transient_errors_are_retried(void **state) {
   }
 }
 
+/* A read completes with EAGAIN and its resubmission is refused: the read
+ * fails once (one I/O error, that block recomputed), its op and slot go
+ * back once, and the store keeps serving and closes. */
+static atomic_int retry_stage;
+
+static int refused_retry_hook(void *ctx, int site, int64_t arg) {
+  (void)ctx;
+  if (site == KVT_FAULT_IO_COMPLETE && arg > 0) {
+    int idle = 0;
+    if (atomic_compare_exchange_strong(&retry_stage, &idle, 1)) return -EAGAIN;
+  }
+  if (site == KVT_FAULT_IO_SUBMIT && arg == KVT_IO_READ) {
+    int retrying = 1;
+    if (atomic_compare_exchange_strong(&retry_stage, &retrying, 2)) return -EIO;
+  }
+  return 0;
+}
+
+static void regression_refused_retry_finishes_once(void **state) {
+  (void)state;
+  for (int round = 0; round < 3; round++) {
+    fixture f;
+    open_disk(&f, 8, 4, 32, KVT_WRITE_THROUGH);
+    world w;
+    fill(&f, &w);
+    kvt_stats before = fixture_stats(&f);
+    atomic_store(&retry_stage, 0);
+    kvt__fault_set(refused_retry_hook, NULL);
+    uint32_t ready = restore(&f, &w, 0);
+    kvt__fault_set(NULL, NULL);
+    assert_int_equal(atomic_load(&retry_stage), 2);
+    assert_true(ready < NB);
+    kvt_stats st = fixture_stats(&f);
+    assert_int_equal(st.io_errors - before.io_errors, 1);
+    assert_int_equal(st.checksum_failures, 0);
+    /* Every op is free again: the store serves a burst of reads and writes
+     * from all its ops, and none of them is handed out twice. */
+    for (int pass = 0; pass < 4; pass++) all_readable(&f, &w);
+    close_disk(&f);
+  }
+}
+
 /* A prefetch whose read fails reports the error on its job; the block
  * leaves the disk (a read that failed is not retried forever) and a later
  * restore recomputes it from there. */
@@ -1075,6 +1117,7 @@ int main(void) {
       cmocka_unit_test(spill_write_failures),
       cmocka_unit_test(fetch_read_failures),
       cmocka_unit_test(transient_errors_are_retried),
+      cmocka_unit_test(regression_refused_retry_finishes_once),
       cmocka_unit_test(prefetch_read_failure),
       cmocka_unit_test(slow_disk_completions),
       cmocka_unit_test(acquire_returns_before_disk_reads),

@@ -217,11 +217,18 @@ static uint32_t submit_reqs(kvt__disk *d, disk_op **ops, const kvt_io_req *reqs,
   return queued;
 }
 
-static int op_resubmit(kvt__disk *d, disk_op *op) {
+/* Sends a retried op again. A refusal finishes it here, once: submit_reqs
+ * has already counted the error and released its slot and op, so the
+ * caller must not touch the op afterwards in either case. */
+static void op_resubmit(kvt__disk *d, disk_op *op) {
+  kvt__disk_done_fn done = op->done;
+  void *done_arg = op->arg;
   kvt_io_req r = op_req(d, op);
   int st = 0;
   submit_reqs(d, &op, &r, 1, &st);
-  return st;
+  if (!st) return;
+  disk_flow(d); /* it left the disk: room for a queued one */
+  done(done_arg, st);
 }
 
 static void op_seal(kvt__disk *d, disk_op *op) {
@@ -351,13 +358,14 @@ static void count_ok(kvt__disk *d, disk_op *op) {
 }
 
 /* Maps a completion to the op's I/O status; 1 means resubmitted (not
- * finished). A read that landed whole still has its checksums to pass. */
+ * finished here: the op is no longer the caller's). A read that landed
+ * whole still has its checksums to pass. */
 static int op_status(kvt__disk *d, disk_op *op, int res) {
   uint32_t want = op->kind == OP_TOMB ? KVT_DISK_SUPER_BYTES : (uint32_t)d->slot_bytes;
   if ((res == -EAGAIN || res == -EINTR) && op->retries++ < KVT_DISK_MAX_RETRIES) {
     atomic_fetch_add(&d->st.retries, 1);
-    res = op_resubmit(d, op);
-    if (res == 0) return 1;
+    op_resubmit(d, op);
+    return 1;
   }
   if (res < 0 || (uint32_t)res != want) {
     atomic_fetch_add(&d->st.io_errors, 1);
