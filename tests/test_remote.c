@@ -4,11 +4,19 @@
  * flipped value are misses, counted), credentials (password, ACL user,
  * refusal, never in the logs), the server's maxmemory (LRU eviction, OOM),
  * a stopped server (timeouts, degraded, back by itself), a killed and
- * restarted server, connections the server closes (nothing lost), and bad
+ * restarted server, connections the server closes (nothing lost), a slow
+ * server (an exists call keeps to its timeout while queued), and bad
  * arguments for every call. */
 #include <errno.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "remote_fixture.h"
 
@@ -611,6 +619,192 @@ static void close_fails_queued(void **state) {
   kvt_redis_stop(&fs);
 }
 
+/* ---- a slow server: a proxy that holds every reply back ---- */
+
+typedef struct slow_proxy {
+  int lfd, port, server_port, delay_ms;
+  atomic_int stop;
+  pthread_t acceptor;
+  pthread_t pipes[16];
+  int fds[16][2];
+  atomic_int n_pipes;
+} slow_proxy;
+
+typedef struct slow_pipe {
+  slow_proxy *p;
+  int client, server;
+} slow_pipe;
+
+/* Requests go through at once; each chunk of replies waits delay_ms first. */
+static void *slow_pipe_main(void *arg) {
+  slow_pipe sp = *(slow_pipe *)arg;
+  free(arg);
+  char buf[65536];
+  while (!atomic_load(&sp.p->stop)) {
+    struct pollfd pf[2] = {{sp.client, POLLIN, 0}, {sp.server, POLLIN, 0}};
+    if (poll(pf, 2, 50) <= 0) continue;
+    if (pf[0].revents) {
+      ssize_t n = read(sp.client, buf, sizeof buf);
+      if (n <= 0 || write(sp.server, buf, (size_t)n) != n) break;
+    }
+    if (pf[1].revents) {
+      ssize_t n = read(sp.server, buf, sizeof buf);
+      if (n <= 0) break;
+      rf_sleep_ms(sp.p->delay_ms);
+      if (write(sp.client, buf, (size_t)n) != n) break;
+    }
+  }
+  shutdown(sp.client, SHUT_RDWR);
+  shutdown(sp.server, SHUT_RDWR);
+  return NULL;
+}
+
+static void *slow_accept_main(void *arg) {
+  slow_proxy *p = arg;
+  while (!atomic_load(&p->stop)) {
+    struct pollfd pf = {p->lfd, POLLIN, 0};
+    if (poll(&pf, 1, 50) <= 0) continue;
+    int c = accept(p->lfd, NULL, NULL);
+    if (c < 0) continue;
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)p->server_port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int i = atomic_load(&p->n_pipes);
+    slow_pipe *sp = malloc(sizeof *sp);
+    if (s < 0 || i >= 16 || !sp || connect(s, (struct sockaddr *)&sa, sizeof sa) != 0) {
+      close(c);
+      if (s >= 0) close(s);
+      free(sp);
+      continue;
+    }
+    int one = 1;
+    setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    *sp = (slow_pipe){p, c, s};
+    p->fds[i][0] = c;
+    p->fds[i][1] = s;
+    if (pthread_create(&p->pipes[i], NULL, slow_pipe_main, sp) != 0) {
+      close(c);
+      close(s);
+      free(sp);
+      continue;
+    }
+    atomic_store(&p->n_pipes, i + 1);
+  }
+  return NULL;
+}
+
+static void slow_proxy_start(slow_proxy *p, int server_port, int delay_ms) {
+  memset(p, 0, sizeof *p);
+  p->server_port = server_port;
+  p->delay_ms = delay_ms;
+  p->lfd = socket(AF_INET, SOCK_STREAM, 0);
+  assert_true(p->lfd >= 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = 0};
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof sa;
+  assert_int_equal(bind(p->lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+  assert_int_equal(listen(p->lfd, 16), 0);
+  assert_int_equal(getsockname(p->lfd, (struct sockaddr *)&sa, &len), 0);
+  p->port = ntohs(sa.sin_port);
+  assert_int_equal(pthread_create(&p->acceptor, NULL, slow_accept_main, p), 0);
+}
+
+static void slow_proxy_stop(slow_proxy *p) {
+  atomic_store(&p->stop, 1);
+  pthread_join(p->acceptor, NULL);
+  for (int i = 0; i < atomic_load(&p->n_pipes); i++) {
+    pthread_join(p->pipes[i], NULL);
+    close(p->fds[i][0]);
+    close(p->fds[i][1]);
+  }
+  close(p->lfd);
+}
+
+/* Exists calls queued behind others on a slow server (every round trip
+ * answers, a quarter of the timeout late): each call returns within its
+ * own timeout, queueing included, with what was answered by then, and the
+ * keys not answered in time are absent for that call. Twelve calls on one
+ * connection, one key per round trip: the last would wait for twelve round
+ * trips, three times the timeout. */
+static double rf_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+typedef struct exists_call {
+  kvt__remote *r;
+  kvt_key key;
+  pthread_barrier_t *go;
+  int found;
+  double ms;
+} exists_call;
+
+static void *exists_thread(void *arg) {
+  exists_call *c = arg;
+  uint8_t present = 0;
+  pthread_barrier_wait(c->go);
+  double t0 = rf_now_ms();
+  c->found = kvt__remote_exists(c->r, &c->key, 1, &present, 0);
+  c->ms = rf_now_ms() - t0;
+  return NULL;
+}
+
+static void exists_within_the_timeout_while_queued(void **state) {
+  enum { CALLS = 12, DELAY_MS = 100, TIMEOUT_MS = 400 };
+  rf_geom g = rf_geometry(16, 4096);
+  kvt__remote_cfg direct_cfg = rf_cfg(srv.url, NS_A, &g);
+  kvt__remote *direct = rf_open(&direct_cfg);
+  void *rec = rf_alloc(g.rec);
+  kvt_key keys[CALLS];
+  for (int i = 0; i < CALLS; i++) {
+    keys[i] = rf_key(9100 + (uint64_t)i);
+    rf_record(rec, &g, keys[i], (uint64_t)i);
+    rf_put(direct, &rec, &keys[i], 1);
+    assert_int_equal(rf_w.status[0], 0);
+  }
+  slow_proxy p;
+  slow_proxy_start(&p, srv.node[0].port, DELAY_MS);
+  char url[64];
+  snprintf(url, sizeof url, "redis://127.0.0.1:%d", p.port);
+  kvt__remote_cfg cfg = rf_cfg(url, NS_A, &g);
+  cfg.timeout_ms = TIMEOUT_MS;
+  cfg.conns_per_node = 1;
+  cfg.max_batch = 1; /* one key per round trip */
+  kvt__remote *r = rf_open(&cfg);
+  pthread_barrier_t go;
+  pthread_barrier_init(&go, NULL, CALLS);
+  exists_call calls[CALLS];
+  pthread_t th[CALLS];
+  for (int i = 0; i < CALLS; i++) {
+    calls[i] = (exists_call){r, keys[i], &go, -1, 0};
+    assert_int_equal(pthread_create(&th[i], NULL, exists_thread, &calls[i]), 0);
+  }
+  int found = 0;
+  double worst = 0;
+  for (int i = 0; i < CALLS; i++) {
+    pthread_join(th[i], NULL);
+    assert_true(calls[i].found == 0 || calls[i].found == 1);
+    found += calls[i].found;
+    if (calls[i].ms > worst) worst = calls[i].ms;
+  }
+  pthread_barrier_destroy(&go);
+  /* Waiting for every answer takes CALLS * DELAY_MS = 3 timeouts; a call
+   * that keeps to its timeout returns well before that. */
+  if (worst >= 2.5 * TIMEOUT_MS) fail_msg("an exists call waited %.0f ms (timeout %d ms)", worst, TIMEOUT_MS);
+  assert_true(found >= 1);      /* the first answers came in time */
+  assert_true(found < CALLS);   /* the last could not */
+  /* The client is fine afterwards: one call alone is answered. */
+  uint8_t present = 0;
+  assert_int_equal(kvt__remote_exists(r, &keys[CALLS - 1], 1, &present, 0), 1);
+  assert_int_equal(present, 1);
+  kvt__remote_close(r); /* ops still out end here; their calls are gone */
+  slow_proxy_stop(&p);
+  free(rec);
+  kvt__remote_close(direct);
+}
+
 /* Nothing listens: open fails with KVT_EREMOTE and says why. */
 static void unreachable(void **state) {
   char detail[256];
@@ -754,6 +948,7 @@ int main(void) {
       cmocka_unit_test(connection_dropped_mid_write), cmocka_unit_test(close_fails_queued),
       cmocka_unit_test(connections_closed_by_the_server_lose_nothing),
       cmocka_unit_test(server_idle_timeout),
+      cmocka_unit_test(exists_within_the_timeout_while_queued),
       cmocka_unit_test(unreachable),
   };
   return cmocka_run_group_tests(tests, setup_server, teardown_server);

@@ -576,7 +576,15 @@ static void *conn_main(void *arg) {
     if (!n->head) n->tail = NULL;
     if (n->head) pthread_cond_signal(&n->cv); /* more for another connection */
     pthread_mutex_unlock(&n->mu);
-    run_batch(cn, batch, k);
+    /* Exists ops whose callers stopped waiting while they queued end here. */
+    int64_t now = kvt__now_ns();
+    uint32_t keep = 0;
+    for (uint32_t i = 0; i < k; i++)
+      if (kvt__rm_op_expired(batch[i], now))
+        kvt__rm_complete(r, batch[i], KVT_ETIMEDOUT);
+      else
+        batch[keep++] = batch[i];
+    if (keep) run_batch(cn, batch, keep);
   }
   conn_drop(cn);
   return NULL;

@@ -15,12 +15,27 @@
 
 #define RM_OPS_PER_CHUNK 256u
 
+/* An exists call and its ops. The caller stops waiting at its deadline;
+ * ops still out then finish later, so the wait lives on the heap and the
+ * last of the caller and its ops frees it. */
 struct rm_wait {
   pthread_mutex_t mu;
   pthread_cond_t cv;
-  uint32_t pending;
-  uint8_t *present;
+  uint32_t pending; /* ops not finished */
+  int gone;         /* the caller returned: the last op frees this */
+  int64_t deadline; /* kvt__now_ns() at which the caller stops waiting */
+  uint8_t present[]; /* per key */
 };
+
+static void wait_free(rm_wait *w) {
+  pthread_mutex_destroy(&w->mu);
+  pthread_cond_destroy(&w->cv);
+  free(w);
+}
+
+int kvt__rm_op_expired(const rm_op *op, int64_t now) {
+  return op->kind == RM_EXISTS && op->wait && now >= op->wait->deadline;
+}
 
 static void set_detail(const kvt__remote_cfg *cfg, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void set_detail(const kvt__remote_cfg *cfg, const char *fmt, ...) {
@@ -241,13 +256,17 @@ void kvt__rm_complete(kvt__remote *r, rm_op *op, int status) {
       count_failure(r, status);
     done(arg, status);
     break;
-  case RM_EXISTS:
+  case RM_EXISTS: {
     if (status < 0) count_failure(r, status);
     pthread_mutex_lock(&w->mu);
     if (status > 0) w->present[index] = 1;
-    if (--w->pending == 0) pthread_cond_signal(&w->cv);
+    int last = --w->pending == 0;
+    if (last) pthread_cond_signal(&w->cv);
+    int free_it = last && w->gone;
     pthread_mutex_unlock(&w->mu);
+    if (free_it) wait_free(w);
     break;
+  }
   default:
     if (status < 0) count_failure(r, status);
     break;
@@ -376,17 +395,27 @@ int kvt__remote_exists(kvt__remote *r, const kvt_key *keys, uint32_t n, uint8_t 
   if (n) memset(present, 0, n);
   RM_ADD(r, exists_calls, 1);
   RM_ADD(r, exists_keys, n);
-  rm_wait w;
-  pthread_mutex_init(&w.mu, NULL);
-  pthread_cond_init(&w.cv, NULL);
-  w.pending = 0;
-  w.present = present;
-  pthread_mutex_lock(&w.mu);
-  submit(r, RM_EXISTS, keys, sizeof *keys, n, fill_exists, &w, NULL, 0);
-  while (w.pending) pthread_cond_wait(&w.cv, &w.mu); /* each op ends within its round trip's timeout */
-  pthread_mutex_unlock(&w.mu);
-  pthread_mutex_destroy(&w.mu);
-  pthread_cond_destroy(&w.cv);
+  rm_wait *w = calloc(1, sizeof *w + n);
+  if (!w) return -ENOMEM;
+  pthread_mutex_init(&w->mu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&w->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  /* The whole call, queueing behind other ops included, within one timeout:
+   * a key not answered by then is absent for this call. */
+  w->deadline = kvt__now_ns() + (int64_t)r->timeout_ms * 1000000;
+  struct timespec until = {(time_t)(w->deadline / 1000000000), (long)(w->deadline % 1000000000)};
+  pthread_mutex_lock(&w->mu);
+  submit(r, RM_EXISTS, keys, sizeof *keys, n, fill_exists, w, NULL, 0);
+  while (w->pending && pthread_cond_timedwait(&w->cv, &w->mu, &until) != ETIMEDOUT) {
+  }
+  if (n) memcpy(present, w->present, n);
+  w->gone = 1;
+  int free_it = w->pending == 0;
+  pthread_mutex_unlock(&w->mu);
+  if (free_it) wait_free(w);
   int found = 0;
   for (uint32_t i = 0; i < n; i++) found += present[i];
   return found;

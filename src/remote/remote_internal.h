@@ -184,6 +184,9 @@ int kvt__rm_connect_within(kvt__remote *r, const char *host, int port, uint32_t 
 rm_op *kvt__rm_op_alloc(kvt__remote *r);
 /* Gives the op its one completion (done, the exists count) and frees it. */
 void kvt__rm_complete(kvt__remote *r, rm_op *op, int status);
+/* An exists op whose caller has stopped waiting (its deadline passed): not
+ * worth a round trip. */
+int kvt__rm_op_expired(const rm_op *op, int64_t now);
 size_t kvt__rm_key(const kvt__remote *r, const kvt_key *key, char *buf);
 
 #endif
