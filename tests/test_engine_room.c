@@ -134,10 +134,69 @@ static void finished_store_handle_blocks_no_internal_work(void **state) {
   kvt_close(c);
 }
 
+/* A request whose restore has finished holds no job: with two job slots,
+ * six live requests that each restored from the host are all served (the
+ * loads are over, only their blocks stay pinned), and a store still gets
+ * its job while they are held. */
+static void finished_restores_hold_no_job(void **state) {
+  (void)state;
+  enum { CONVS = 6 };
+  kvt_config cfg;
+  kvt_config_init(&cfg);
+  cfg.model_fingerprint = "engine-room-loads";
+  cfg.device = KVT_DEVICE_HOST;
+  cfg.host_blocks = 16;
+  cfg.max_jobs = 2;
+  kvt_cache *c = NULL;
+  assert_int_equal(kvt_open(&cfg, &c), 0);
+  kvt_layout lay;
+  kvt_layout_init(&lay);
+  lay.num_layers = 1;
+  lay.num_slots = 2 * CONVS + 2;
+  lay.flags = KVT_LAYOUT_METADATA_ONLY;
+  assert_int_equal(kvt_register_layout(c, &lay), 0);
+  for (uint64_t v = 0; v < CONVS; v++) {
+    assert_true(run(c, 100 * (v + 1), 0) >= 0);
+    offload(c, 100 * (v + 1)); /* on the host only */
+  }
+  kvt_req reqs[CONVS];
+  for (uint64_t v = 0; v < CONVS; v++) {
+    uint64_t ids[2] = {100 * (v + 1), 100 * (v + 1) + 1};
+    kvt_key keys[2];
+    uint32_t slots[2];
+    assert_int_equal(kvt_keys_from_opaque(c, ids, sizeof ids[0], 2, keys), 0);
+    kvt_acquire_info info = {.size = sizeof info};
+    int rc = kvt_acquire(c, keys, NULL, 2, 2, 0, 0, &reqs[v], slots, &info);
+    if (rc < 0) fail_msg("request %u of %u live: kvt_acquire %s", (unsigned)v + 1, CONVS, kvt_strerror(rc));
+    assert_int_equal(info.n_loading, 2);
+    uint32_t ready = 0;
+    assert_int_equal(kvt_request_wait(c, reqs[v], -1, &ready), 0);
+    assert_int_equal(ready, 2);
+  }
+  /* A store of a fresh conversation gets a job beside them. */
+  uint64_t ids[2] = {900, 901};
+  kvt_key keys[2];
+  uint32_t slots[2];
+  kvt_req req;
+  assert_int_equal(kvt_keys_from_opaque(c, ids, sizeof ids[0], 2, keys), 0);
+  assert_int_equal(kvt_acquire(c, keys, NULL, 2, 0, 0, 0, &req, slots, NULL), 0);
+  assert_int_equal(kvt_commit(c, req, 2, NULL), 0);
+  kvt_job job;
+  int rc = kvt_store(c, keys, 2, 0, &job);
+  if (rc < 0) fail_msg("kvt_store beside %u live requests: %s", CONVS, kvt_strerror(rc));
+  assert_int_equal(rc, 1);
+  assert_int_equal(kvt_job_wait(c, job, -1), 0);
+  assert_int_equal(kvt_job_release(c, job), 0);
+  assert_int_equal(kvt_release(c, req), 0);
+  for (uint64_t v = 0; v < CONVS; v++) assert_int_equal(kvt_release(c, reqs[v]), 0);
+  kvt_close(c);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_acquire_disk_hits_with_full_host_and_device),
       cmocka_unit_test(finished_store_handle_blocks_no_internal_work),
+      cmocka_unit_test(finished_restores_hold_no_job),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -644,6 +644,52 @@ static void regression_refused_retry_finishes_once(void **state) {
   }
 }
 
+/* Two threads release the same request while its disk restore is held
+ * back: exactly one release returns 0 and the other KVT_ENOJOB (both
+ * returned 0 before, and the second put the request back twice: a heap
+ * overflow of the free list, then broken references), and every
+ * conversation restores exact afterwards. */
+typedef struct release_arg {
+  kvt_cache *c;
+  kvt_req r;
+  int rc;
+} release_arg;
+
+static void *release_thread(void *p) {
+  release_arg *a = p;
+  a->rc = kvt_release(a->c, a->r);
+  return NULL;
+}
+
+static void regression_concurrent_releases_of_a_loading_request(void **state) {
+  (void)state;
+  for (int round = 0; round < 3; round++) {
+    fixture f;
+    open_disk(&f, 8, 4, 32, KVT_WRITE_THROUGH);
+    world w;
+    fill(&f, &w);
+    close_gate(KVT_FAULT_IO_DELAY_US);
+    kvt_req r;
+    uint32_t slots[NB];
+    assert_int_equal(kvt_acquire(f.c, w.k[0], w.t[0], NB, NB, 0, 0, &r, slots, NULL), 1);
+    wait_gate_holds();
+    release_arg a[2] = {{f.c, r, 99}, {f.c, r, 99}};
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) assert_int_equal(pthread_create(&th[i], NULL, release_thread, &a[i]), 0);
+    usleep(20000); /* both wait for the loads */
+    open_gate();
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+    disarm();
+    if (!((a[0].rc == 0 && a[1].rc == KVT_ENOJOB) || (a[0].rc == KVT_ENOJOB && a[1].rc == 0)))
+      fail_msg("releases returned %d and %d", a[0].rc, a[1].rc);
+    assert_int_equal(kvt_request_wait(f.c, r, -1, NULL), KVT_ENOJOB);
+    assert_int_equal(kvt_release(f.c, r), KVT_ENOJOB);
+    all_readable(&f, &w);
+    all_readable(&f, &w);
+    close_disk(&f);
+  }
+}
+
 /* A prefetch whose read fails reports the error on its job; the block
  * leaves the disk (a read that failed is not retried forever) and a later
  * restore recomputes it from there. */
@@ -1118,6 +1164,7 @@ int main(void) {
       cmocka_unit_test(fetch_read_failures),
       cmocka_unit_test(transient_errors_are_retried),
       cmocka_unit_test(regression_refused_retry_finishes_once),
+      cmocka_unit_test(regression_concurrent_releases_of_a_loading_request),
       cmocka_unit_test(prefetch_read_failure),
       cmocka_unit_test(slow_disk_completions),
       cmocka_unit_test(acquire_returns_before_disk_reads),

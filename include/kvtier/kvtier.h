@@ -265,7 +265,8 @@ typedef struct kvt_config {
   uint32_t max_jobs;         /* job handles (kvt_store, kvt_prefetch) and request loads
                               * in flight (256); internal work (demotions, spills,
                               * write-through) has jobs of its own besides. A finished
-                              * job holds only its handle until kvt_job_release */
+                              * job holds only its handle until kvt_job_release; a
+                              * request whose loads are over holds no job */
   uint32_t max_job_blocks;   /* blocks one transfer may carry (8192) */
 
   /* Appended after the first version (KVT_CONFIG_SIZE_V1). */

@@ -64,7 +64,8 @@ typedef struct kvt__job {
   int status;
   uint32_t n_ops, n_fetch; /* LOAD_AFTER: n_fetch of the ops are fetched first */
   uint32_t pending;        /* outstanding disk ops of the current phase */
-  uint32_t req;            /* owning request, or KVT__NONE */
+  uint32_t req;            /* owning request while loading, or KVT__NONE */
+  uint32_t holders;        /* layer queries using xfer outside the lock (loads) */
   uint32_t handle;         /* the engine's handle (KVT__JF_USER), or KVT__NONE */
   int64_t t_start;
   uint64_t bytes;

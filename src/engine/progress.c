@@ -273,7 +273,11 @@ static void finish_job(kvt_cache *c, kvt__job *jb) {
     hd->job = KVT__NONE;
     jb->handle = KVT__NONE;
   }
-  if (jb->req == KVT__NONE) kvt__job_free(c, jb->index);
+  if (jb->req != KVT__NONE) { /* a request's load: its outcome is in the request's refs and the map */
+    c->reqs[jb->req].job = KVT__NONE;
+    jb->req = KVT__NONE;
+  }
+  if (!jb->holders) kvt__job_free(c, jb->index); /* else the last layer query frees it */
 }
 
 /* ---- applying completions (c->lock held; a progress step) ---- */

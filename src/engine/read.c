@@ -436,7 +436,9 @@ int kvt_request_wait(kvt_cache *c, kvt_req req, int64_t timeout_ns, uint32_t *n_
   while (r != KVT__NONE && loading(c, &c->reqs[r]) && rc == 0) {
     if (timeout_ns == 0) rc = 1;
     else if (timeout_ns < 0) kvt__wait(c, NULL);
-    else if (kvt__wait(c, &dl) != 0 && loading(c, &c->reqs[r])) rc = KVT_ETIMEDOUT;
+    else if (kvt__wait(c, &dl) != 0 && (r = req_from_handle(c, req)) != KVT__NONE && loading(c, &c->reqs[r]))
+      rc = KVT_ETIMEDOUT;
+    r = req_from_handle(c, req); /* another thread may have released it meanwhile */
   }
   if (r == KVT__NONE) rc = KVT_ENOJOB;
   else if (n_ready) *n_ready = rc == 0 ? ready_prefix(c, &c->reqs[r]) : 0;
@@ -468,6 +470,20 @@ int kvt_request_block_states(kvt_cache *c, kvt_req req, uint8_t *states, size_t 
   return rc;
 }
 
+/* A load job that a layer query uses outside the lock: finish_job leaves
+ * it to the last holder to free (lock held for job_hold). */
+static kvt__job *job_hold(kvt_cache *c, uint32_t j) {
+  kvt__job *jb = &c->jobs[j];
+  jb->holders++;
+  return jb;
+}
+
+static void job_unhold(kvt_cache *c, kvt__job *jb) {
+  pthread_mutex_lock(&c->lock);
+  if (--jb->holders == 0 && jb->done && jb->req == KVT__NONE && jb->busy) kvt__job_free(c, jb->index);
+  pthread_mutex_unlock(&c->lock);
+}
+
 /* A load's device copy of a layer may be waited for once every copy of the
  * job is with the backend: its streamed chunks are over (they go back to
  * the pool as they finish) and its own xfer, if any, is submitted. Lock held. */
@@ -485,12 +501,15 @@ int kvt_request_layer_ready(kvt_cache *c, kvt_req req, uint32_t layer) {
   kvt__job *jb = NULL;
   if (rc == 0 && loading(c, &c->reqs[r])) {
     if (!copies_settled(c, &c->reqs[r]) || c->metadata_only) rc = 1;
-    else jb = &c->jobs[c->reqs[r].job];
+    else jb = job_hold(c, c->reqs[r].job);
   }
   pthread_mutex_unlock(&c->lock);
   /* The backend's query (cudaEventQuery) runs outside the metadata lock;
-   * the job stays the request's until kvt_release, so jb is safe here. */
-  return jb ? kvt__dev_layer_ready(&c->dev, &jb->xfer, layer) : rc;
+   * held, the job is not reused meanwhile. */
+  if (!jb) return rc;
+  rc = kvt__dev_layer_ready(&c->dev, &jb->xfer, layer);
+  job_unhold(c, jb);
+  return rc;
 }
 
 int kvt_request_wait_layer(kvt_cache *c, kvt_req req, uint32_t layer, void *stream) {
@@ -504,11 +523,21 @@ int kvt_request_wait_layer(kvt_cache *c, kvt_req req, uint32_t layer, void *stre
   }
   /* The device copy of a layer exists only once the fetch phase is over
    * and the backend has accepted the load. */
-  while (loading(c, &c->reqs[r]) && !copies_settled(c, &c->reqs[r])) kvt__wait(c, NULL);
-  kvt__job *jb = loading(c, &c->reqs[r]) ? &c->jobs[c->reqs[r].job] : NULL;
+  while (r != KVT__NONE && loading(c, &c->reqs[r]) && !copies_settled(c, &c->reqs[r])) {
+    kvt__wait(c, NULL);
+    r = req_from_handle(c, req); /* another thread may have released it meanwhile */
+  }
+  if (r == KVT__NONE) {
+    pthread_mutex_unlock(&c->lock);
+    return KVT_ENOJOB;
+  }
+  kvt__job *jb = loading(c, &c->reqs[r]) && !c->metadata_only ? job_hold(c, c->reqs[r].job) : NULL;
   pthread_mutex_unlock(&c->lock);
-  /* The job stays the request's until kvt_release, so jb is safe here. */
-  return jb && !c->metadata_only ? kvt__dev_wait_layer(&c->dev, &jb->xfer, layer, stream) : 0;
+  /* Held, the job is not reused while the backend waits on it. */
+  if (!jb) return 0;
+  int rc = kvt__dev_wait_layer(&c->dev, &jb->xfer, layer, stream);
+  job_unhold(c, jb);
+  return rc;
 }
 
 /* ---- commit and release ---- */
@@ -597,8 +626,14 @@ int kvt_release(kvt_cache *c, kvt_req req) {
     pthread_mutex_unlock(&c->lock);
     return KVT_ENOJOB;
   }
+  while (loading(c, &c->reqs[r])) {
+    kvt__wait(c, NULL);
+    if ((r = req_from_handle(c, req)) == KVT__NONE) { /* released by another thread meanwhile */
+      pthread_mutex_unlock(&c->lock);
+      return KVT_ENOJOB;
+    }
+  }
   kvt__request *rq = &c->reqs[r];
-  while (loading(c, rq)) kvt__wait(c, NULL);
   /* Last block first: ancestors end up more recent than their tails. */
   uint32_t total = rq->n_blocks + rq->n_extra;
   kvt__ref_walk w;
@@ -616,8 +651,7 @@ int kvt_release(kvt_cache *c, kvt_req req) {
     kvt__index_touch(&c->map, ref->entry, KVT__T_DISK);
   }
   kvt__refs_free(c, rq->chunk0, rq->chunk_last, total);
-  if (rq->job != KVT__NONE) kvt__job_free(c, rq->job);
-  rq->job = KVT__NONE;
+  rq->job = KVT__NONE; /* its load job went back when the loads finished */
   rq->busy = 0;
   c->req_free[c->n_req_free++] = r;
   pthread_cond_broadcast(&c->cond);
