@@ -104,6 +104,46 @@ static void device_hit_pins_do_not_wrap(void **state) {
   fixture_close(&f);
 }
 
+/* kvt_prefetch with a full host tier whose blocks have no copy below: the
+ * spills it needs start and it says "ask again"; once they are over, one
+ * job fetches the whole prefix (it took one block per call before, each
+ * reported as a success). */
+static void prefetch_makes_room_for_the_whole_prefix(void **state) {
+  enum { NB = 8 };
+  kvt_config cfg = disk_config(NB, 4 * NB);
+  cfg.write_policy = KVT_WRITE_BACK;
+  fixture f;
+  fixture_open_cfg(&f, &cfg, 2 * NB);
+  kvt_key k[2][NB];
+  uint32_t t[2][NB * BT];
+  for (uint32_t c = 0; c < 2; c++) { /* conv 0 ends on disk, conv 1 fills the host */
+    fixture_keys(&f, c, NB, k[c], t[c]);
+    run_request(&f, k[c], t[c], NB, c);
+    fixture_offload(&f, k[c], NB);
+    kvt_drain(f.c);
+  }
+  assert_int_equal(fixture_lookup(&f, k[0], NB).n_disk, NB);
+  assert_int_equal(fixture_lookup(&f, k[1], NB).n_host, NB);
+  int jobs = 0, calls = 0, rc;
+  kvt_job j;
+  while ((rc = kvt_prefetch(f.c, k[0], NB, &j)) != 0) {
+    assert_true(++calls < 20);
+    if (rc == KVT_EAGAIN) {
+      assert_int_equal(kvt_drain(f.c), 0);
+      continue;
+    }
+    assert_int_equal(rc, 1);
+    jobs++;
+    assert_int_equal(kvt_job_wait(f.c, j, -1), 0);
+    assert_int_equal(kvt_job_release(f.c, j), 0);
+    assert_int_equal(fixture_lookup(&f, k[0], NB).n_host, NB); /* the whole prefix, in one job */
+  }
+  assert_int_equal(jobs, 1);
+  assert_int_equal(run_request(&f, k[0], t[0], NB, 0), NB); /* exact, from the host */
+  assert_int_equal(run_request(&f, k[1], t[1], NB, 1), NB); /* spilled, not lost */
+  fixture_close(&f);
+}
+
 /* kvt_prefetch is a hint. With every job slot held (finished store jobs
  * the engine has not released yet) it cannot start a fetch: it must say
  * "ask again" and leave the host tier alone, not drop a host-only block
@@ -157,6 +197,7 @@ int main(void) {
       cmocka_unit_test(write_through_spill_is_a_started_job),
       cmocka_unit_test(device_hit_pins_do_not_wrap),
       cmocka_unit_test(prefetch_without_a_job_slot_drops_nothing),
+      cmocka_unit_test(prefetch_makes_room_for_the_whole_prefix),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

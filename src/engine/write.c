@@ -88,6 +88,21 @@ static int prefetch_remote(kvt_cache *c, const kvt_key *keys, size_t n, size_t i
   return rc;
 }
 
+/* How many blocks of keys' chain a prefetch would fetch from disk: one job's
+ * worth at most, and no more than the host tier holds. Lock held. */
+static uint32_t prefetch_need(kvt_cache *c, const kvt_key *keys, size_t n) {
+  uint32_t need = 0, most = c->cfg.max_job_blocks < c->cap[KVT__T_HOST] ? c->cfg.max_job_blocks : (uint32_t)c->cap[KVT__T_HOST];
+  for (size_t i = 0; i < n && need < most; i++) {
+    uint32_t e = kvt__index_find(&c->map, &keys[i]);
+    if (e == KVT__NONE) break;
+    const kvt__entry *en = kvt__E(c, e);
+    if (en->state[KVT__T_DEV] == KVT__VALID || en->state[KVT__T_HOST] != KVT__ABSENT) continue;
+    if (en->state[KVT__T_DISK] != KVT__VALID) break;
+    need++;
+  }
+  return need;
+}
+
 int kvt_prefetch(kvt_cache *c, const kvt_key *keys, size_t n, kvt_job *job) {
   if (!job_api_ok(c)) return !c ? -EINVAL : kvt__forked(c) ? KVT_EFORKED : KVT_ELAYOUT;
   if ((n && !keys) || !job) return -EINVAL;
@@ -97,6 +112,17 @@ int kvt_prefetch(kvt_cache *c, const kvt_key *keys, size_t n, kvt_job *job) {
   int rc = 0;
   size_t i = 0;
   pthread_mutex_lock(&c->lock);
+  /* Room for the whole fetch first: when the host must spill for it, the
+   * spills start and the caller asks again (KVT_EAGAIN), rather than get a
+   * job for the few blocks that fitted at once. Only when the host cannot
+   * hold them all (pinned blocks) does the fetch take what fits. */
+  uint32_t need = prefetch_need(c, keys, n);
+  if (need && kvt__job_available(c, KVT__JOB_FETCH, KVT__JF_USER) &&
+      kvt__make_room(c, KVT__T_HOST, need, 0) == KVT_EAGAIN) {
+    pthread_mutex_unlock(&c->lock);
+    kvt__flush_submits(c);
+    return KVT_EAGAIN;
+  }
   for (; i < n; i++) {
     uint32_t e = kvt__index_find(&c->map, &keys[i]);
     if (e == KVT__NONE) break;
