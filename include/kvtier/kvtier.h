@@ -105,7 +105,7 @@ KVT_API int kvt_version_number(void);
   XX(KVT_ELAYOUT, -3008, "no KV layout registered, or the arguments do not fit it")         \
   XX(KVT_ESTATE, -3009, "call is not valid in the object's current state")                  \
   XX(KVT_EVERSION, -3010, "struct size or version is not supported by this library")        \
-  XX(KVT_EAGAIN, -3011, "slots are being freed by copies in flight; ask again later")       \
+  XX(KVT_EAGAIN, -3011, "busy: copies in flight, or every job handle held until kvt_job_release; ask again later") \
   XX(KVT_ENOJOB, -3012, "unknown, finished-and-released, or foreign job or request handle") \
   XX(KVT_EUNSUPPORTED, -3013, "not supported by this backend or build")                     \
   XX(KVT_ENAMESPACE, -3014, "stored data belongs to another model, layout or format")       \
@@ -595,7 +595,8 @@ typedef uint64_t kvt_job;
  * can take at once (its capacity, max_job_blocks); call again for the rest,
  * e.g. tail-first halves. Returns 0 (nothing to copy) or 1 with *job;
  * KVT_ENOSPACE when every host slot is pinned, KVT_EAGAIN when every job
- * slot is busy, KVT_EUNSUPPORTED without a host tier.
+ * slot is busy or every handle is held (finished jobs not yet released with
+ * kvt_job_release: release them), KVT_EUNSUPPORTED without a host tier.
  * May block while host slots are freed (spills). Blocks pinned by a request
  * are copied but not evicted. */
 KVT_API int kvt_store(kvt_cache *c, const kvt_key *keys, size_t n, uint32_t flags, kvt_job *job);
