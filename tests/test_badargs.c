@@ -487,6 +487,8 @@ static void acquire_bad_args(void **state) {
   assert_int_equal(kvt_acquire(f.c, k, t, 2, 2, 0, 0, &r, NULL, &info), -EINVAL);
   assert_int_equal(kvt_acquire(f.c, k, t, 2, 3, 0, 0, &r, slots, &info), -EINVAL);
   assert_int_equal(kvt_acquire(f.c, k, t, 0, 0, 0, 0, &r, slots, &info), -EINVAL); /* nothing asked */
+  assert_int_equal(kvt_acquire(f.c, k, t, 2, 2, 0, 0x80, &r, slots, &info), -EINVAL); /* unknown flag */
+  assert_int_equal(kvt_acquire_after(f.c, NULL, k, t, 2, 2, 0, ~0u, &r, slots, &info), -EINVAL);
   info.size = 3;
   assert_int_equal(kvt_acquire(f.c, k, t, 2, 2, 0, 0, &r, slots, &info), KVT_EVERSION);
   info.size = sizeof info;

@@ -510,7 +510,10 @@ typedef struct kvt_acquire_info {
  * (kvt_request_block_states: FAILED). Fetched blocks are written to disk
  * on the way up when there is a disk tier.
  * Returns 0 (nothing to load), 1 (loads in flight: kvt_request_wait), or
- * KVT_ENOSPACE when the device tier cannot free enough unpinned slots. */
+ * KVT_ENOSPACE when the device tier cannot free enough unpinned slots now;
+ * KVT_EAGAIN with KVT_ACQUIRE_NOWAIT where it would wait; -E2BIG when
+ * n_blocks + extra_slots exceeds the device slots or max_job_blocks (it can
+ * never fit: split the request); -EINVAL for bad arguments or unknown flags. */
 KVT_API int kvt_acquire(kvt_cache *c, const kvt_key *keys, const uint32_t *tokens, size_t n_blocks,
                         size_t restore, size_t extra_slots, uint32_t flags, kvt_req *req,
                         uint32_t *slots, kvt_acquire_info *info);

@@ -320,7 +320,8 @@ int kvt_acquire_after(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, 
                       size_t n_blocks, size_t restore, size_t extra_slots, uint32_t flags, kvt_req *req,
                       uint32_t *slots, kvt_acquire_info *info) {
   KVT__REQ_CHECK(c);
-  if (!acquire_args_ok(c, keys, n_blocks, restore, extra_slots, req, slots, info)) return -EINVAL;
+  if (!acquire_args_ok(c, keys, n_blocks, restore, extra_slots, req, slots, info) || (flags & ~KVT_ACQUIRE_NOWAIT))
+    return -EINVAL;
   if (info && info->size < KVT_ACQUIRE_INFO_SIZE_V1) return KVT_EVERSION;
   uint64_t limit = c->cap[KVT__T_DEV] < c->cfg.max_job_blocks ? c->cap[KVT__T_DEV] : c->cfg.max_job_blocks;
   if (n_blocks > limit || extra_slots > limit - n_blocks) return -E2BIG; /* no wrap-around */
