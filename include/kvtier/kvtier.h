@@ -548,7 +548,10 @@ enum {
  * COMPUTE, all in slots of the request's own. Returns 0, 1 while loads are
  * in flight (nothing written), KVT_ENOJOB, -EINVAL. Never blocks. */
 KVT_API int kvt_request_block_states(kvt_cache *c, kvt_req req, uint8_t *states, size_t n);
-/* As poll, but waits (timeout_ns < 0: forever; else KVT_ETIMEDOUT). May block. */
+/* As poll, but waits: timeout_ns < 0 forever, 0 not at all (exactly
+ * kvt_request_poll: 1 while loading), else up to timeout_ns, then
+ * KVT_ETIMEDOUT. KVT_ENOJOB if another thread releases the request
+ * meanwhile. May block. */
 KVT_API int kvt_request_wait(kvt_cache *c, kvt_req req, int64_t timeout_ns, uint32_t *n_ready);
 /* 0 when layer `layer` of every loading block has landed, 1 if not yet.
  * The backend is queried outside the metadata lock. Never blocks. */
