@@ -201,6 +201,48 @@ static void damaged_superblock_starts_empty(void **state) {
   kvt_set_log_handler(NULL, NULL);
 }
 
+/* A tier file cut short (a copy or a disk that ran out): cut inside the
+ * superblock's 80 bytes it is damaged (starts empty, counted, logged); cut
+ * after it, the tier opens, says that the blocks past the end are gone,
+ * and recovers what is left. An empty file is a new tier. */
+static void truncated_tier_file_is_logged(void **state) {
+  kvt_config cfg = disk_config("cut", 4, 32);
+  kvt_key k[3][4];
+  uint32_t t[3][4 * BT];
+  struct {
+    off_t at;
+    int damaged;
+  } cuts[] = {{40, 1}, {100, 0}, {4096, 0}};
+  kvt_set_log_handler(capture_log, NULL);
+  for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) {
+    fixture f;
+    cfg.disk_reset = 1;
+    fixture_open_cfg(&f, &cfg, 8);
+    fill_convs(&f, 300, 3, k, t);
+    fixture_close(&f);
+    cfg.disk_reset = 0;
+    assert_int_equal(truncate(disk_path, cuts[i].at), 0);
+    n_logged = 0;
+    logged[0] = 0;
+    fixture_open_cfg(&f, &cfg, 8);
+    kvt_stats st = fixture_stats(&f);
+    assert_int_equal(st.disk_fresh_starts, cuts[i].damaged);
+    assert_int_equal(st.disk_recovered, 0);
+    assert_true(n_logged >= 1);
+    assert_non_null(strstr(logged, cuts[i].damaged ? "superblock damaged" : "shorter than its tier"));
+    assert_int_equal(count_side_files("cut"), 0);
+    fill_convs(&f, 310, 3, k, t); /* the tier works */
+    assert_int_equal(fixture_lookup(&f, k[0], 4).n_disk, 4);
+    fixture_close(&f);
+  }
+  kvt_set_log_handler(NULL, NULL);
+  assert_int_equal(truncate(disk_path, 0), 0);
+  fixture f;
+  fixture_open_cfg(&f, &cfg, 8);
+  assert_int_equal(fixture_stats(&f).disk_fresh_starts, 0);
+  fixture_close(&f);
+}
+
 /* A file of another program (far from the magic) is still left alone. */
 static void foreign_file_gets_a_side_file(void **state) {
   kvt_config cfg = disk_config("foreign", 4, 16);
@@ -573,6 +615,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(resize_keeps_what_fits),
       cmocka_unit_test(damaged_superblock_starts_empty),
+      cmocka_unit_test(truncated_tier_file_is_logged),
       cmocka_unit_test(foreign_file_gets_a_side_file),
       cmocka_unit_test(no_side_file_beside_a_device),
 #ifdef KVT_FAULT_INJECTION

@@ -169,7 +169,9 @@ int kvt__disk_prepare_file(kvt__disk *d, int reset, int *fresh) {
   void *page = aligned_alloc(4096, KVT_DISK_SUPER_BYTES);
   if (!page) return -ENOMEM;
   memset(page, 0, KVT_DISK_SUPER_BYTES);
-  if (have >= KVT_DISK_SUPER_BYTES && pread(d->fd, page, KVT_DISK_SUPER_BYTES, 0) < 0) rc = -errno;
+  /* A file cut short reads as far as it goes: a whole superblock is
+   * recognised (and the cut logged below), part of ours is damaged. */
+  if (have > 0 && pread(d->fd, page, KVT_DISK_SUPER_BYTES, 0) < 0) rc = -errno;
   int state = rc == 0 ? super_classify(d, page, &old_slots) : SUPER_EMPTY;
   d->scan_slots = d->slots;
   d->dio_align = probe_dio_align(d, page, have);
@@ -182,6 +184,11 @@ int kvt__disk_prepare_file(kvt__disk *d, int reset, int *fresh) {
     kvt__log(KVT_LOG_WARN, "%s: device held another namespace; the disk tier starts empty", d->path);
     d->fresh_start = 1;
   }
+  if (rc == 0 && (state == SUPER_MATCH || state == SUPER_RESIZE) && !reset && !d->is_blk &&
+      have < bytes_for(d, state == SUPER_MATCH ? d->slots : old_slots))
+    kvt__log(KVT_LOG_WARN, "%s: the file is shorter than its tier (%llu of %llu bytes): blocks past its end are gone",
+             d->path, (unsigned long long)have,
+             (unsigned long long)bytes_for(d, state == SUPER_MATCH ? d->slots : old_slots));
   if (rc == 0 && state == SUPER_MATCH && !reset) {
     *fresh = 0;
     rc = ensure_size(d, have, bytes_for(d, d->slots));
