@@ -645,13 +645,13 @@ static void *slow_pipe_main(void *arg) {
     if (poll(pf, 2, 50) <= 0) continue;
     if (pf[0].revents) {
       ssize_t n = read(sp.client, buf, sizeof buf);
-      if (n <= 0 || write(sp.server, buf, (size_t)n) != n) break;
+      if (n <= 0 || send(sp.server, buf, (size_t)n, MSG_NOSIGNAL) != n) break;
     }
     if (pf[1].revents) {
       ssize_t n = read(sp.server, buf, sizeof buf);
       if (n <= 0) break;
       rf_sleep_ms(sp.p->delay_ms);
-      if (write(sp.client, buf, (size_t)n) != n) break;
+      if (send(sp.client, buf, (size_t)n, MSG_NOSIGNAL) != n) break; /* the client may have gone */
     }
   }
   shutdown(sp.client, SHUT_RDWR);
@@ -738,6 +738,7 @@ typedef struct exists_call {
   kvt_key key;
   pthread_barrier_t *go;
   int found;
+  uint8_t state;
   double ms;
 } exists_call;
 
@@ -748,6 +749,7 @@ static void *exists_thread(void *arg) {
   double t0 = rf_now_ms();
   c->found = kvt__remote_exists(c->r, &c->key, 1, &present, 0);
   c->ms = rf_now_ms() - t0;
+  c->state = present;
   return NULL;
 }
 
@@ -778,7 +780,7 @@ static void exists_within_the_timeout_while_queued(void **state) {
   exists_call calls[CALLS];
   pthread_t th[CALLS];
   for (int i = 0; i < CALLS; i++) {
-    calls[i] = (exists_call){r, keys[i], &go, -1, 0};
+    calls[i] = (exists_call){r, keys[i], &go, -1, 0, 0};
     assert_int_equal(pthread_create(&th[i], NULL, exists_thread, &calls[i]), 0);
   }
   int found = 0;
@@ -786,6 +788,8 @@ static void exists_within_the_timeout_while_queued(void **state) {
   for (int i = 0; i < CALLS; i++) {
     pthread_join(th[i], NULL);
     assert_true(calls[i].found == 0 || calls[i].found == 1);
+    /* Every key is stored: one not found was not answered, never "absent". */
+    assert_int_equal(calls[i].state, calls[i].found ? KVT__RM_PRESENT : KVT__RM_UNKNOWN);
     found += calls[i].found;
     if (calls[i].ms > worst) worst = calls[i].ms;
   }
@@ -795,11 +799,14 @@ static void exists_within_the_timeout_while_queued(void **state) {
   if (worst >= 2.5 * TIMEOUT_MS) fail_msg("an exists call waited %.0f ms (timeout %d ms)", worst, TIMEOUT_MS);
   assert_true(found >= 1);      /* the first answers came in time */
   assert_true(found < CALLS);   /* the last could not */
-  /* The client is fine afterwards: one call alone is answered. */
+  /* The client is fine afterwards: one call alone is answered (it may
+   * queue behind a round trip still out, so a few tries on a busy machine). */
   uint8_t present = 0;
-  assert_int_equal(kvt__remote_exists(r, &keys[CALLS - 1], 1, &present, 0), 1);
+  int rc = 0;
+  for (int t = 0; t < 5 && rc != 1; t++) rc = kvt__remote_exists(r, &keys[CALLS - 1], 1, &present, 0);
+  assert_int_equal(rc, 1);
   assert_int_equal(present, 1);
-  kvt__remote_close(r); /* ops still out end here; their calls are gone */
+  kvt__remote_close(r);
   slow_proxy_stop(&p);
   free(rec);
   kvt__remote_close(direct);

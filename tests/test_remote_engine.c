@@ -735,6 +735,39 @@ static void cluster_master_killed_then_failover(void **state) {
   kvt_redis_stop(&cl);
 }
 
+/* A lookup the server cannot answer in time (stopped) remembers nothing:
+ * once the server runs again the blocks are found, long before the
+ * negative window (10 s) of a key the server said was absent would end. */
+static void unanswered_probe_is_not_remembered_absent(void **state) {
+  (void)state;
+  for (uint32_t round = 0; round < 3; round++) {
+    flush_server();
+    fixture a, b;
+    open_remote(&a, srv.url, "model-A@1");
+    compute_and_push_out(&a, 500 + round);
+    kvt_config cfg = remote_config(srv.url, "model-A@1");
+    cfg.remote_timeout_ms = 300;
+    cfg.remote_negative_ms = 10000;
+    fixture_open_cfg(&b, &cfg, 2 * NB);
+    kvt_key keys[NB];
+    uint32_t tok[NB * 16];
+    fixture_keys(&b, 500 + round, NB, keys, tok);
+    assert_int_equal(fixture_lookup(&b, keys, NB).n_remote, NB);
+    kvt_redis_signal(&srv, 0, SIGSTOP);
+    assert_int_equal(fixture_lookup(&b, keys, NB).n_remote, 0); /* no answer: a miss now */
+    kvt_redis_signal(&srv, 0, SIGCONT);
+    int back = 0;
+    for (int t = 0; t < 40 && !back; t++) {
+      usleep(100000);
+      back = fixture_lookup(&b, keys, NB).n_remote == NB;
+    }
+    assert_true(back);
+    assert_int_equal(fixture_stats(&b).remote_negative_hits, 0);
+    fixture_close(&b);
+    fixture_close(&a);
+  }
+}
+
 int main(void) {
   setup_server();
   const struct CMUnitTest tests[] = {
@@ -744,6 +777,7 @@ int main(void) {
       cmocka_unit_test(garbage_and_foreign_values_are_misses),
       cmocka_unit_test(server_killed_mid_run_then_back),
       cmocka_unit_test(stopped_server_never_stalls_requests),
+      cmocka_unit_test(unanswered_probe_is_not_remembered_absent),
       cmocka_unit_test(unreachable_at_open_is_degraded_then_back),
       cmocka_unit_test(refused_credentials_fail_registration),
       cmocka_unit_test(storage_mode_puts_and_gets_through_the_server),

@@ -21,9 +21,10 @@
  *    cache. Functions marked "may block" wait for copies or I/O;
  *    kvt_acquire and kvt_prefetch never wait for disk reads (with a remote
  *    tier, lookups, plans, kvt_acquire, kvt_prefetch and storage mode's
- *    exists and get wait for one existence round trip to the server: the
- *    whole wait, queueing behind the cache's other remote work included,
- *    bounded by remote_timeout_ms; never for its data).
+ *    exists and get wait for existence round trips to the server, one per
+ *    256 blocks after the local prefix, each wait, queueing behind the
+ *    cache's other remote work included, bounded by remote_timeout_ms;
+ *    never for its data).
  *    kvtier's own threads (docs/pipeline.md): device copy workers (host
  *    backend) or CUDA's completion thread, the disk reaper and checksum
  *    threads, and one progress thread per cache. Backend threads only post
@@ -454,9 +455,10 @@ typedef struct kvt_lookup_result {
  * neither pins nor touches, so a scheduler may ask again later. Optional
  * tier_of_block[n] receives KVT_TIER_* per block (NONE after the prefix).
  * With a remote tier, the keys after the local prefix are asked of the
- * remote (one round trip; the call waits at most remote_timeout_ms for it,
- * queueing behind other remote work included, and a key not answered by
- * then counts as absent; skipped for a key found absent within
+ * remote (a round trip per 256 of them; the call waits at most
+ * remote_timeout_ms for each, queueing behind other remote work included,
+ * and a key not answered by then is a miss for this call, asked again the
+ * next; skipped for a key the server said was absent within
  * remote_negative_ms): may block that long. */
 KVT_API int kvt_lookup(kvt_cache *c, const kvt_key *keys, size_t n, kvt_lookup_result *res,
                        uint8_t *tier_of_block);

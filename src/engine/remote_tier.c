@@ -199,10 +199,11 @@ static uint32_t probe_chunk(kvt_cache *c, kvt__remote *r, const kvt_key *keys, u
   int rc = kvt__remote_exists(r, keys, n, present, 1);
   uint32_t i = 0;
   if (rc > 0)
-    while (i < n && present[i]) i++;
-  /* Only a definite answer is remembered: a failing node answers "absent"
-   * for its keys too, and those misses must not outlive its backoff. */
-  if (rc >= 0 && i < n) {
+    while (i < n && present[i] == KVT__RM_PRESENT) i++;
+  /* Only the server's own "absent" is remembered: a key not answered (a
+   * failing, degraded or slow node, the call's time ran out) is asked
+   * again next time. */
+  if (rc >= 0 && i < n && present[i] == KVT__RM_ABSENT) {
     kvt__remote_stats rs;
     kvt__remote_get_stats(r, &rs);
     if (rs.nodes_degraded == 0) kvt__rtier_absent(c, &keys[i]);

@@ -259,7 +259,7 @@ void kvt__rm_complete(kvt__remote *r, rm_op *op, int status) {
   case RM_EXISTS: {
     if (status < 0) count_failure(r, status);
     pthread_mutex_lock(&w->mu);
-    if (status > 0) w->present[index] = 1;
+    if (status >= 0) w->present[index] = status > 0 ? KVT__RM_PRESENT : KVT__RM_ABSENT; /* else no answer */
     int last = --w->pending == 0;
     if (last) pthread_cond_signal(&w->cv);
     int free_it = last && w->gone;
@@ -392,11 +392,12 @@ static int fill_none(rm_op *op, uint32_t i, void *ctx) { return 0; }
 
 int kvt__remote_exists(kvt__remote *r, const kvt_key *keys, uint32_t n, uint8_t *present, int stop_at_first_miss) {
   if (!r || (n && (!keys || !present))) return -EINVAL;
-  if (n) memset(present, 0, n);
+  if (n) memset(present, KVT__RM_UNKNOWN, n);
   RM_ADD(r, exists_calls, 1);
   RM_ADD(r, exists_keys, n);
   rm_wait *w = calloc(1, sizeof *w + n);
   if (!w) return -ENOMEM;
+  if (n) memset(w->present, KVT__RM_UNKNOWN, n); /* until answered */
   pthread_mutex_init(&w->mu, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
@@ -417,7 +418,7 @@ int kvt__remote_exists(kvt__remote *r, const kvt_key *keys, uint32_t n, uint8_t 
   pthread_mutex_unlock(&w->mu);
   if (free_it) wait_free(w);
   int found = 0;
-  for (uint32_t i = 0; i < n; i++) found += present[i];
+  for (uint32_t i = 0; i < n; i++) found += present[i] == KVT__RM_PRESENT;
   return found;
 }
 

@@ -90,11 +90,15 @@ typedef struct kvt__remote_io {
 int kvt__remote_get(kvt__remote *r, kvt__remote_io *ios, uint32_t n, kvt__remote_done_fn done);
 int kvt__remote_put(kvt__remote *r, kvt__remote_io *ios, uint32_t n, kvt__remote_done_fn done);
 
-/* Synchronous batched existence: present[i] = 1 if keys[i] is stored (a
- * hint: the GET still verifies). One pipelined round trip per node, bounded
- * by timeout_ms; a node that fails or is degraded answers 0 for its keys.
- * stop_at_first_miss = 1 may skip keys after the first absent one (prefix
- * probes). Returns the number present, or -EINVAL. */
+/* Synchronous batched existence: present[i] = KVT__RM_PRESENT if keys[i]
+ * is stored (a hint: the GET still verifies), KVT__RM_ABSENT if the server
+ * said it is not, KVT__RM_UNKNOWN when no answer came (the node failed or
+ * is degraded, the key could not be routed, or the call's time ran out).
+ * One pipelined round trip per node; the whole call waits at most
+ * timeout_ms, queueing behind other work included. stop_at_first_miss = 1
+ * may skip keys after the first absent one (prefix probes). Returns the
+ * number present, -EINVAL or -ENOMEM. */
+enum { KVT__RM_ABSENT = 0, KVT__RM_PRESENT = 1, KVT__RM_UNKNOWN = 2 };
 int kvt__remote_exists(kvt__remote *r, const kvt_key *keys, uint32_t n, uint8_t *present,
                        int stop_at_first_miss);
 
