@@ -600,7 +600,11 @@ int kvt__remote_open(const kvt__remote_cfg *cfg, kvt__remote **out) {
 
 void kvt__remote_close(kvt__remote *r) {
   if (!r) return;
+  /* Under nodes_mu: a redirect that makes a node (kvt__rm_node_get) either
+   * did so before, and the node is stopped below, or sees stopping. */
+  pthread_mutex_lock(&r->nodes_mu);
   atomic_store(&r->stopping, 1);
+  pthread_mutex_unlock(&r->nodes_mu);
   if (r->refresh_started) {
     pthread_mutex_lock(&r->refresh_mu);
     pthread_cond_signal(&r->refresh_cv);
