@@ -246,6 +246,48 @@ static void a_corrupted_part_is_a_miss(void **s) {
   kvt_close(c);
 }
 
+/* One byte of slot's payload flipped (the file read behind the cache's back). */
+static void flip_one_payload(uint64_t slot) {
+  size_t rec = kvt__record_bytes(BT, BLOCK);
+  int fd = open(path, O_RDWR);
+  assert_true(fd >= 0);
+  off_t at = 4096 + (off_t)slot * (off_t)rec + (off_t)kvt__record_prefix_bytes(BT) + 4321;
+  char b;
+  assert_int_equal(pread(fd, &b, 1, at), 1);
+  b ^= 0x18;
+  assert_int_equal(pwrite(fd, &b, 1, at), 1);
+  fsync(fd);
+  close(fd);
+}
+
+/* An object of more parts than a storage worker keeps in flight (each
+ * worker's reads go in batches, and its ring of stages is reused), read
+ * from disk: byte-exact, and one damaged part among them, whichever it
+ * is, fails the get and removes the object. */
+static void a_many_part_object_from_disk(void **s) {
+  (void)s;
+  enum { PARTS = 300 };
+  kvt_cache *c = open_objects(0, PARTS + 16, 1, KVT_LAYOUT_STORAGE);
+  uint32_t tokens[NTOK];
+  conversation(tokens, NTOK, 40);
+  const size_t len = (PARTS - 1) * per_part() + 777;
+  put_pattern(c, tokens, NTOK, len, 71, 0);
+  kvt_object_info info = find(c, tokens, NTOK, 0);
+  assert_int_equal(info.parts, PARTS);
+  get_exact(c, tokens, NTOK, len, 71, KVT_TIER_DISK);
+  get_exact(c, tokens, NTOK, len, 71, KVT_TIER_DISK);
+  flip_one_payload(PARTS - 37); /* the slots hold the object's parts only */
+  char *buf = alloc_buf(len);
+  info = find(c, tokens, NTOK, 0);
+  assert_int_equal(kvt_object_get(c, &info, tokens, buf, len), KVT_ECORRUPT);
+  find(c, tokens, NTOK, KVT_EMISS);
+  kvt_stats st = {.size = sizeof st};
+  kvt_get_stats(c, &st);
+  assert_int_equal(st.checksum_failures, 1);
+  free(buf);
+  kvt_close(c);
+}
+
 /* Every record of the disk file (slots of them), read whole. */
 static char *read_records(uint64_t slots) {
   size_t rec = kvt__record_bytes(BT, BLOCK);
@@ -435,6 +477,7 @@ int main(void) {
       cmocka_unit_test(the_longest_stored_prefix_is_found),
       cmocka_unit_test(a_second_put_is_kept_and_remove_forgets),
       cmocka_unit_test(a_corrupted_part_is_a_miss),
+      cmocka_unit_test(a_many_part_object_from_disk),
       cmocka_unit_test(a_part_of_another_put_is_refused),
       cmocka_unit_test(objects_on_disk_survive_a_reopen),
       cmocka_unit_test(an_object_put_since_find_is_a_miss),
