@@ -358,16 +358,38 @@ static void memo_drop(kvt_cache *c, const kvt_key *key) {
   pthread_mutex_unlock(&c->lock);
 }
 
-/* Keeps part 0 (block bytes at part, its header h checked) for the next get. */
+/* The kept part 0's buffer, detached (the caller owns it) or NULL. Lock held. */
+static char *p0_detach(kvt_cache *c) {
+  kept_part0 *k = c->objects ? &c->objects->p0 : NULL;
+  char *mem = k ? k->mem : NULL;
+  if (k) k->mem = NULL, k->used = 0;
+  return mem;
+}
+
+/* Gives a buffer back (freed when another is there by now). Lock held. */
+static void p0_attach(kvt_cache *c, char *mem) {
+  kept_part0 *k = c->objects ? &c->objects->p0 : NULL;
+  if (k && !k->mem) k->mem = mem;
+  else free(mem);
+}
+
+/* Keeps part 0 (block bytes at part, its header h checked) for the next
+ * get. The bytes are copied with no lock held: the buffer is detached. */
 static void p0_keep(kvt_cache *c, const object_header *h, const char *part, size_t block) {
   pthread_mutex_lock(&c->lock);
   memo_slot(c, &h->key, 1);
+  char *mem = p0_detach(c);
+  pthread_mutex_unlock(&c->lock);
+  if (!mem && posix_memalign((void **)&mem, PAGE, block)) return;
+  memcpy(mem, part, block);
+  pthread_mutex_lock(&c->lock);
   kept_part0 *k = c->objects ? &c->objects->p0 : NULL;
-  if (k && !k->mem && posix_memalign((void **)&k->mem, PAGE, block)) k->mem = NULL;
-  if (k && k->mem) {
-    memcpy(k->mem, part, block);
+  if (k && !k->mem) {
+    k->mem = mem;
     k->h = *h;
     k->used = 1;
+  } else {
+    free(mem); /* another find kept its own meanwhile */
   }
   pthread_mutex_unlock(&c->lock);
 }
@@ -375,9 +397,10 @@ static void p0_keep(kvt_cache *c, const object_header *h, const char *part, size
 /* Part 0 of the object info names, if a find kept it and it is still in a
  * tier (touched there, as a get touches what it reads): its meta area into
  * the scratch, its bytes into the buffer (and the tail, for an object of
- * one part). 1 when taken (and no longer kept), else 0. */
+ * one part), copied with no lock held. 1 when taken (and no longer kept),
+ * else 0. */
 static int p0_take(kvt_cache *c, const kvt_object_info *info, const kvt_key *k0, object_io *io) {
-  int took = 0;
+  char *mem = NULL;
   pthread_mutex_lock(&c->lock);
   kept_part0 *k = c->objects ? &c->objects->p0 : NULL;
   uint32_t e = KVT__NONE;
@@ -386,18 +409,21 @@ static int p0_take(kvt_cache *c, const kvt_object_info *info, const kvt_key *k0,
     e = kvt__index_find(&c->map, k0);
   if (e != KVT__NONE && (kvt__E(c, e)->state[KVT__T_HOST] == KVT__VALID ||
                          kvt__E(c, e)->state[KVT__T_DISK] == KVT__VALID)) {
-    uint64_t per = io->block - io->meta, len = io->bytes < per ? io->bytes : per;
-    uint64_t whole = len == per ? len : len & ~(uint64_t)(PAGE - 1);
-    memcpy(io->mem, k->mem, io->meta);
-    memcpy(io->buf, k->mem + io->meta, whole);
-    if (whole < per) memcpy(io->tail, k->mem + io->meta + whole, per - whole);
     kvt__index_touch(&c->map, e, KVT__T_HOST);
     kvt__index_touch(&c->map, e, KVT__T_DISK);
-    k->used = 0;
-    took = 1;
+    mem = p0_detach(c);
   }
   pthread_mutex_unlock(&c->lock);
-  return took;
+  if (!mem) return 0;
+  uint64_t per = io->block - io->meta, len = io->bytes < per ? io->bytes : per;
+  uint64_t whole = len == per ? len : len & ~(uint64_t)(PAGE - 1);
+  memcpy(io->mem, mem, io->meta);
+  memcpy(io->buf, mem + io->meta, whole);
+  if (whole < per) memcpy(io->tail, mem + io->meta + whole, per - whole);
+  pthread_mutex_lock(&c->lock);
+  p0_attach(c, mem);
+  pthread_mutex_unlock(&c->lock);
+  return 1;
 }
 
 void kvt__object_memo_free(kvt_cache *c) {
