@@ -1374,6 +1374,67 @@ static void test_pieces_fail_like_records(void **state) {
   pieces_free(&p);
 }
 
+/* A read with verify_later: done() reports the I/O alone, and
+ * kvt__disk_verify then gives what done() gives the other reads. *check
+ * receives kvt__disk_verify's answer (when the I/O landed). */
+static int later_read(fx *f, pieces *p, uint32_t slot, uint64_t seed, int *check) {
+  waiter *w = waiter_new();
+  kvt_key k = key_of(seed);
+  g_ws[0] = (wslot){w, 0};
+  kvt__disk_io io = {.slot = slot, .expected_key = &k, .arg = &g_ws[0], .iov = p->iov, .n_iov = p->n_iov,
+                     .verify_later = 1};
+  memset(p->prefix, 0xee, p->iov[0].iov_len);
+  start(w, 0, 0);
+  assert_int_equal(kvt__disk_read_batch(f->d, &io, 1, on_done), 1);
+  waiter_wait(w);
+  int rc = w->status[0];
+  free(w);
+  *check = rc == 0 ? kvt__disk_verify(f->d, &io) : 1;
+  if (*check == 0) {
+    pieces_scatter(f, p, host(f, 5), 1);
+    if (!rec_ok(host(f, 5), seed)) *check = -9999;
+  }
+  return rc;
+}
+
+static void later_case(fx *f) {
+  pieces p;
+  pieces_init(f, &p);
+  assert_int_equal(pieces_write(f, &p, 3, 81), 0);
+  assert_int_equal(pieces_write(f, &p, 4, 82), 0);
+  poke(f, 3, kvt__record_prefix_bytes(BT) + 2 * 4096 + 5, 0x08);
+  kvt__disk_stats st0, st;
+  kvt__disk_get_stats(f->d, &st0);
+  int check;
+  assert_int_equal(later_read(f, &p, 3, 81, &check), 0); /* landed: the damage is not done()'s to see */
+  assert_int_equal(check, KVT_ECORRUPT);
+  assert_int_equal(later_read(f, &p, 4, 82, &check), 0);
+  assert_int_equal(check, 0);
+  assert_int_equal(later_read(f, &p, 4, 83, &check), 0); /* another block's record */
+  assert_int_equal(check, KVT_EMISMATCH);
+  assert_int_equal(later_read(f, &p, 9, 84, &check), 0); /* a slot never written */
+  assert_int_equal(check, KVT_EMISMATCH);
+  fault_plan fp = {KVT_FAULT_IO_COMPLETE, -EIO, 1}; /* an I/O error still reaches done() */
+  kvt__fault_set(fault_hook, &fp);
+  assert_int_equal(later_read(f, &p, 4, 82, &check), -EIO);
+  kvt__fault_set(NULL, NULL);
+  kvt__disk_get_stats(f->d, &st);
+  assert_int_equal(st.checksum_failures - st0.checksum_failures, 1);
+  assert_int_equal(st.mismatches - st0.mismatches, 2);
+  assert_int_equal(st.reads - st0.reads, 1);
+  pieces_free(&p);
+}
+
+static void test_verify_later_reads_are_checked_by_the_caller(void **state) { later_case(*state); }
+
+/* The same with records big enough for the checksum threads, which a
+ * verify_later read passes by. */
+static void test_verify_later_reads_of_big_records(void **state) {
+  fx *f = *state;
+  reopen_big(f, 2, 0);
+  later_case(f);
+}
+
 /* Pieces the store cannot move in one vectored I/O are refused. */
 static void test_pieces_of_the_wrong_shape(void **state) {
   fx *f = *state;
@@ -1463,6 +1524,7 @@ static int run_suite(const char *name) {
       CASE(test_durable_write_is_synced_before_done), CASE(test_durable_failed_sync_fails_its_group),
       CASE(test_pieces_round_trip_both_ways), CASE(test_pieces_round_trip_of_a_big_record),
       CASE(test_pieces_fail_like_records), CASE(test_pieces_of_the_wrong_shape),
+      CASE(test_verify_later_reads_are_checked_by_the_caller), CASE(test_verify_later_reads_of_big_records),
       CASE(test_store_threads_are_named),
   };
   return _cmocka_run_group_tests(name, tests, sizeof tests / sizeof tests[0], NULL, NULL);

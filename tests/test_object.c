@@ -246,6 +246,48 @@ static void a_corrupted_part_is_a_miss(void **s) {
   kvt_close(c);
 }
 
+/* One byte of slot's payload flipped (the file read behind the cache's back). */
+static void flip_one_payload(uint64_t slot) {
+  size_t rec = kvt__record_bytes(BT, BLOCK);
+  int fd = open(path, O_RDWR);
+  assert_true(fd >= 0);
+  off_t at = 4096 + (off_t)slot * (off_t)rec + (off_t)kvt__record_prefix_bytes(BT) + 4321;
+  char b;
+  assert_int_equal(pread(fd, &b, 1, at), 1);
+  b ^= 0x18;
+  assert_int_equal(pwrite(fd, &b, 1, at), 1);
+  fsync(fd);
+  close(fd);
+}
+
+/* An object of more parts than a storage worker keeps in flight (each
+ * worker's reads go in batches, and its ring of stages is reused), read
+ * from disk: byte-exact, and one damaged part among them, whichever it
+ * is, fails the get and removes the object. */
+static void a_many_part_object_from_disk(void **s) {
+  (void)s;
+  enum { PARTS = 300 };
+  kvt_cache *c = open_objects(0, PARTS + 16, 1, KVT_LAYOUT_STORAGE);
+  uint32_t tokens[NTOK];
+  conversation(tokens, NTOK, 40);
+  const size_t len = (PARTS - 1) * per_part() + 777;
+  put_pattern(c, tokens, NTOK, len, 71, 0);
+  kvt_object_info info = find(c, tokens, NTOK, 0);
+  assert_int_equal(info.parts, PARTS);
+  get_exact(c, tokens, NTOK, len, 71, KVT_TIER_DISK);
+  get_exact(c, tokens, NTOK, len, 71, KVT_TIER_DISK);
+  flip_one_payload(PARTS - 37); /* the slots hold the object's parts only */
+  char *buf = alloc_buf(len);
+  info = find(c, tokens, NTOK, 0);
+  assert_int_equal(kvt_object_get(c, &info, tokens, buf, len), KVT_ECORRUPT);
+  find(c, tokens, NTOK, KVT_EMISS);
+  kvt_stats st = {.size = sizeof st};
+  kvt_get_stats(c, &st);
+  assert_int_equal(st.checksum_failures, 1);
+  free(buf);
+  kvt_close(c);
+}
+
 /* Every record of the disk file (slots of them), read whole. */
 static char *read_records(uint64_t slots) {
   size_t rec = kvt__record_bytes(BT, BLOCK);
@@ -319,6 +361,59 @@ static void objects_on_disk_survive_a_reopen(void **s) {
     conversation(tokens, NTOK, 20 + i);
     find(c, tokens, NTOK, KVT_EMISS);
   }
+  kvt_close(c);
+}
+
+/* Disk-tier records read by storage calls so far (puts count too). */
+static uint64_t disk_records(kvt_cache *c) {
+  kvt_stats st = {.size = sizeof st};
+  assert_int_equal(kvt_get_stats(c, &st), 0);
+  return st.storage_blocks_straight + st.storage_blocks_staged;
+}
+
+/* After a reopen, find reads part 0 for the header (the cache did not put
+ * the object) and the get that follows takes that part 0 as find read it:
+ * each part is read from disk once, part 0 included. A put or a remove
+ * since find drops it: the get then answers as without it. */
+static void a_find_and_get_after_a_reopen_read_each_part_once(void **s) {
+  (void)s;
+  kvt_cache *c = open_objects(0, 64, 1, KVT_LAYOUT_STORAGE);
+  uint32_t tokens[NTOK], other[NTOK];
+  const size_t lens[2] = {5 * per_part() + 99, per_part() / 2}; /* six parts, and one */
+  conversation(tokens, NTOK, 50);
+  conversation(other, NTOK, 51);
+  put_pattern(c, tokens, NTOK, lens[0], 81, 0);
+  put_pattern(c, other, NTOK, lens[1], 82, 0);
+  kvt_close(c);
+  c = open_objects(0, 64, 0, KVT_LAYOUT_STORAGE);
+  uint64_t r0 = disk_records(c);
+  get_exact(c, tokens, NTOK, lens[0], 81, KVT_TIER_DISK);
+  assert_int_equal(disk_records(c) - r0, 6);
+  r0 = disk_records(c);
+  get_exact(c, other, NTOK, lens[1], 82, KVT_TIER_DISK);
+  assert_int_equal(disk_records(c) - r0, 1);
+  /* Found from memory since (the header is remembered): all parts read. */
+  r0 = disk_records(c);
+  get_exact(c, tokens, NTOK, lens[0], 81, KVT_TIER_DISK);
+  assert_int_equal(disk_records(c) - r0, 6);
+
+  kvt_close(c);
+  c = open_objects(0, 64, 0, KVT_LAYOUT_STORAGE);
+  char *buf = alloc_buf(lens[0]);
+  kvt_object_info info = find(c, tokens, NTOK, 0);
+  assert_int_equal(kvt_object_remove(c, tokens, NTOK), 0);
+  assert_int_equal(kvt_object_get(c, &info, tokens, buf, lens[0]), KVT_EMISS);
+  /* Put again since find, of another length: the get reads what is there
+   * and finds another object than find described. */
+  put_pattern(c, tokens, NTOK, lens[0], 83, 0);
+  kvt_close(c);
+  c = open_objects(0, 64, 0, KVT_LAYOUT_STORAGE);
+  info = find(c, tokens, NTOK, 0);
+  assert_int_equal(kvt_object_remove(c, tokens, NTOK), 0);
+  put_pattern(c, tokens, NTOK, lens[0] - 4096, 84, 0);
+  assert_int_equal(kvt_object_get(c, &info, tokens, buf, lens[0]), KVT_EMISS);
+  get_exact(c, tokens, NTOK, lens[0] - 4096, 84, KVT_TIER_DISK);
+  free(buf);
   kvt_close(c);
 }
 
@@ -435,8 +530,10 @@ int main(void) {
       cmocka_unit_test(the_longest_stored_prefix_is_found),
       cmocka_unit_test(a_second_put_is_kept_and_remove_forgets),
       cmocka_unit_test(a_corrupted_part_is_a_miss),
+      cmocka_unit_test(a_many_part_object_from_disk),
       cmocka_unit_test(a_part_of_another_put_is_refused),
       cmocka_unit_test(objects_on_disk_survive_a_reopen),
+      cmocka_unit_test(a_find_and_get_after_a_reopen_read_each_part_once),
       cmocka_unit_test(an_object_put_since_find_is_a_miss),
       cmocka_unit_test(unaligned_or_unregistered_buffers_round_trip),
       cmocka_unit_test(bad_arguments),

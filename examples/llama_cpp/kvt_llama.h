@@ -61,8 +61,10 @@ typedef struct kl_engine {
   kl_options opt;
   kvt_model_desc desc;
   kvt_hw_desc hw;          /* calibrated: achieved FLOP/s, set_data and disk speeds */
-  uint8_t *state;          /* staging for one state */
+  uint8_t *state;          /* staging for one state: page-aligned, huge pages asked */
   size_t state_cap;
+  void *state_map;         /* the mapping holding it */
+  size_t state_map_len;
   llama_batch batch;
   uint32_t n_batch;
 } kl_engine;

@@ -25,12 +25,34 @@
  * written (in the OS's page cache, the counterpart of kvtier's host tier)
  * and once after fdatasync + POSIX_FADV_DONTNEED have dropped it (from the
  * device, the counterpart of kvtier's disk tier).
+ *
+ * The last column, "device reads/KiB", is what the block device under
+ * --dir completed during the restore (medians; from its /sys stat file, so
+ * other jobs' I/O on that device counts too): the number of read requests
+ * after the kernel merged them, and KiB read. It shows that the cold file
+ * really is read from the device (all its bytes, every round), and how
+ * each side's reads reach it: the file in a few large requests of the
+ * kernel's read-ahead, kvtier in its parts' records (256 KiB and a 4 KiB
+ * prefix each, their meta pages making 3.5% more bytes than the state,
+ * and the last part read whole however little of it the state fills),
+ * merged when adjacent.
+ *
+ * Why kvtier's disk tier once lost to the cold file, and by how much it
+ * varied: on the virtual disk this bench ran on, an O_DIRECT read costs
+ * per segment of the memory it lands in, one per physical page: reads
+ * into 4 KiB pages ran at 1x to 2x the time of the same reads into
+ * transparent huge pages, and the factor changed from one run to the next
+ * (the page cache's large folios, which the file's reads land in, are few
+ * segments). kvt_llama's state buffer is now in huge pages (MADV_HUGEPAGE),
+ * as the disk tier's own staging records were already.
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "kvt_llama.h"
@@ -42,7 +64,28 @@ static const char *mode_names[N_MODES] = {"recompute",          "kvtier host",  
 typedef struct sample {
   double ttft, restore, cpu; /* seconds: first token, restore alone (wall), restore's process CPU */
   double find, get, set;     /* kvtier: the restore's steps (wall) */
+  double ios, kib;           /* the device's reads during the restore, and KiB read */
 } sample;
+
+/* The block device under --dir: its /sys stat file (reads completed, sectors read). */
+static char dev_stat_path[128];
+
+static void dev_stat_find(const char *dir) {
+  struct stat st;
+  if (stat(dir, &st) == 0)
+    snprintf(dev_stat_path, sizeof dev_stat_path, "/sys/dev/block/%u:%u/stat", major(st.st_dev), minor(st.st_dev));
+}
+
+static void dev_reads(double *ios, double *sectors) {
+  unsigned long long v[3] = {0};
+  FILE *f = dev_stat_path[0] ? fopen(dev_stat_path, "r") : NULL;
+  if (f) {
+    if (fscanf(f, "%llu %llu %llu", &v[0], &v[1], &v[2]) != 3) v[0] = v[2] = 0;
+    fclose(f);
+  }
+  *ios = (double)v[0];
+  *sectors = (double)v[2];
+}
 
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
@@ -94,13 +137,18 @@ typedef struct bench {
  * the new tokens prefilled. */
 static int kvtier_sample(kl_engine *e, const llama_token *t, size_t len, size_t fresh, uint32_t want, sample *s) {
   kl_turn tr;
+  double i0, s0, i1, s1;
   kl_clear(e);
-  if (kl_serve(e, t, len + fresh, NULL, &tr) || tr.restored != len || tr.tier != want) {
+  dev_reads(&i0, &s0);
+  int rc = kl_serve(e, t, len + fresh, NULL, &tr);
+  dev_reads(&i1, &s1);
+  if (rc || tr.restored != len || tr.tier != want) {
     fprintf(stderr, "llama_bench: kvtier restored %llu of %zu tokens (tier %u, wanted %u)\n",
             (unsigned long long)tr.restored, len, tr.tier, want);
     return -1;
   }
-  *s = (sample){tr.ttft_s, tr.find_s + tr.get_s + tr.set_s, tr.restore_cpu_s, tr.find_s, tr.get_s, tr.set_s};
+  *s = (sample){tr.ttft_s, tr.find_s + tr.get_s + tr.set_s, tr.restore_cpu_s, tr.find_s, tr.get_s, tr.set_s,
+                i1 - i0, (s1 - s0) / 2};
   return 0;
 }
 
@@ -108,12 +156,15 @@ static int kvtier_sample(kl_engine *e, const llama_token *t, size_t len, size_t 
 static int file_sample(kl_engine *e, const char *path, const llama_token *t, size_t len, size_t fresh,
                        llama_token *scratch, sample *s) {
   kl_clear(e);
+  double i0, s0, i1, s1;
+  dev_reads(&i0, &s0);
   double t0 = kl_now(), c0 = kl_cpu_now();
   size_t n = 0;
   if (llama_state_seq_load_file(e->ctx, path, 0, scratch, len + fresh, &n) == 0 || n != len) return -1;
   double t1 = kl_now(), c1 = kl_cpu_now();
+  dev_reads(&i1, &s1);
   if (kl_prefill(e, t, len, len + fresh, NULL)) return -1;
-  *s = (sample){kl_now() - t0, t1 - t0, c1 - c0, 0, 0, 0};
+  *s = (sample){kl_now() - t0, t1 - t0, c1 - c0, 0, 0, 0, i1 - i0, (s1 - s0) / 2};
   return 0;
 }
 
@@ -121,7 +172,7 @@ static int recompute_sample(kl_engine *e, const llama_token *t, size_t n, sample
   kl_clear(e);
   double t0 = kl_now();
   if (kl_prefill(e, t, 0, n, NULL)) return -1;
-  *s = (sample){kl_now() - t0, 0, 0, 0, 0, 0};
+  *s = (sample){kl_now() - t0, 0, 0, 0, 0, 0, 0, 0};
   return 0;
 }
 
@@ -160,19 +211,20 @@ static int run_mode(bench *b, int m, kl_engine *h, kl_engine *d, const llama_tok
 }
 
 static void print_length(bench *b, size_t len, size_t bytes, sample (*v)[64], const int *n) {
-  double med[N_MODES][6];
+  double med[N_MODES][8];
   for (int m = 0; m < N_MODES; m++) {
-    double x[6][64];
+    double x[8][64];
     for (int i = 0; i < n[m]; i++) {
       const sample *s = &v[m][i];
       x[0][i] = s->ttft, x[1][i] = s->restore, x[2][i] = s->cpu, x[3][i] = s->find, x[4][i] = s->get, x[5][i] = s->set;
+      x[6][i] = s->ios, x[7][i] = s->kib;
     }
-    for (int k = 0; k < 6; k++) med[m][k] = median(x[k], n[m]);
+    for (int k = 0; k < 8; k++) med[m][k] = median(x[k], n[m]);
   }
   printf("\n%zu tokens stored + %zu new; state %.2f MB; medians of %d rounds (recompute: %d), load average now %.1f\n",
          len, b->fresh, (double)bytes / 1e6, n[M_HOST], n[M_RECOMPUTE], load_avg());
-  printf("  %-20s %11s %9s %14s %14s %22s\n", "mode", "TTFT ms", "speedup", "restore ms", "restore CPU ms",
-         "find / get / set ms");
+  printf("  %-20s %11s %9s %14s %14s %22s %16s\n", "mode", "TTFT ms", "speedup", "restore ms", "restore CPU ms",
+         "find / get / set ms", "device reads/KiB");
   for (int m = 0; m < N_MODES; m++) {
     char speed[32] = "-", steps[64] = "";
     if (n[M_RECOMPUTE] && m != M_RECOMPUTE) snprintf(speed, sizeof speed, "%.0fx", med[0][0] / med[m][0]);
@@ -181,8 +233,10 @@ static void print_length(bench *b, size_t len, size_t bytes, sample (*v)[64], co
     if (m == M_RECOMPUTE) {
       if (n[m]) printf("  %-20s %11.1f %9s %14s %14s\n", mode_names[m], med[m][0] * 1e3, "1x", "-", "-");
     } else {
-      printf("  %-20s %11.1f %9s %14.2f %14.2f %22s\n", mode_names[m], med[m][0] * 1e3, speed, med[m][1] * 1e3,
-             med[m][2] * 1e3, steps);
+      char dev[40];
+      snprintf(dev, sizeof dev, "%.0f / %.0f", med[m][6], med[m][7]);
+      printf("  %-20s %11.1f %9s %14.2f %14.2f %22s %16s\n", mode_names[m], med[m][0] * 1e3, speed, med[m][1] * 1e3,
+             med[m][2] * 1e3, steps, dev);
     }
   }
   printf("  kvtier / llama.cpp file, restore (wall, CPU): host/warm %.2f, %.2f; disk/cold %.2f, %.2f; "
@@ -384,6 +438,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "%s: --model is required; lengths >= 64, 1 <= --rounds <= 64, --conv-tokens >= 256\n", argv[0]);
     return 2;
   }
+  dev_stat_find(b.dir);
   snprintf(b.disk_h, sizeof b.disk_h, "%s/llama_bench_h.kvt", b.dir);
   snprintf(b.disk_d, sizeof b.disk_d, "%s/llama_bench_d.kvt", b.dir);
   snprintf(b.file, sizeof b.file, "%s/llama_bench.state", b.dir);

@@ -988,7 +988,11 @@ KVT_API int kvt_object_put(kvt_cache *c, const uint32_t *tokens, size_t n_tokens
  * no prefix has one, or the errors of kvt_object_put. Reads the first part
  * of each candidate, unless this cache put that object or read its header
  * before (it remembers the headers of recent objects, checked against the
- * tiers at every find; get checks them again). May block. */
+ * tiers at every find; get checks them again). The part 0 it last read
+ * from disk (its record's checksum passed) is kept for the get that
+ * follows, which takes it instead of reading it again when it names the
+ * same object (key and put) and that part is still in a tier; a put or a
+ * remove under the key drops it. May block. */
 KVT_API int kvt_object_find(kvt_cache *c, const uint32_t *tokens, size_t n_tokens, kvt_object_info *info);
 
 /* Reads the object that kvt_object_find described into buf (cap >=
@@ -997,7 +1001,10 @@ KVT_API int kvt_object_find(kvt_cache *c, const uint32_t *tokens, size_t n_token
  * put), KVT_EMISS (evicted since, or another object put under its key
  * since: find again), KVT_ECORRUPT (a part failed its
  * checksum, or the parts are not all of one put: the object is removed), KVT_EMISMATCH (other tokens), -ENOBUFS (cap too small),
- * -EINVAL. May block. */
+ * -EINVAL. May block. A buffer in transparent huge pages (MADV_HUGEPAGE)
+ * reads fastest from the disk tier: an O_DIRECT read pays per segment of
+ * the memory it lands in, one per 4 KiB page otherwise (up to 2x the time
+ * on a virtual disk, examples/llama_cpp/llama_bench.c). */
 KVT_API int kvt_object_get(kvt_cache *c, const kvt_object_info *info, const uint32_t *tokens, void *buf,
                            size_t cap);
 

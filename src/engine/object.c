@@ -311,8 +311,22 @@ typedef struct memo_entry {
   uint8_t used;
 } memo_entry;
 
+/* The part 0 a find last read from disk (its meta area and bytes, as
+ * they passed their record's checksum), for the get that follows it: a
+ * find in a cache that did not put the object (after a restart) reads
+ * part 0 for its header, and the get would read it again, a second round
+ * trip to the disk before the rest of the object. The get takes it once,
+ * when it names the same object (key and put), and reads the other parts;
+ * a put or a remove under the key drops it. */
+typedef struct kept_part0 {
+  char *mem; /* block bytes, page-aligned */
+  object_header h;
+  uint8_t used;
+} kept_part0;
+
 struct kvt__object_memo {
   memo_entry e[MEMO_SLOTS];
+  kept_part0 p0;
 };
 
 static memo_entry *memo_slot(kvt_cache *c, const kvt_key *key, int make) {
@@ -340,10 +354,80 @@ static void memo_drop(kvt_cache *c, const kvt_key *key) {
   pthread_mutex_lock(&c->lock);
   memo_entry *m = memo_slot(c, key, 0);
   if (m && m->used && kvt__key_eq(&m->h.key, key)) m->used = 0;
+  if (c->objects && c->objects->p0.used && kvt__key_eq(&c->objects->p0.h.key, key)) c->objects->p0.used = 0;
   pthread_mutex_unlock(&c->lock);
 }
 
+/* The kept part 0's buffer, detached (the caller owns it) or NULL. Lock held. */
+static char *p0_detach(kvt_cache *c) {
+  kept_part0 *k = c->objects ? &c->objects->p0 : NULL;
+  char *mem = k ? k->mem : NULL;
+  if (k) k->mem = NULL, k->used = 0;
+  return mem;
+}
+
+/* Gives a buffer back (freed when another is there by now). Lock held. */
+static void p0_attach(kvt_cache *c, char *mem) {
+  kept_part0 *k = c->objects ? &c->objects->p0 : NULL;
+  if (k && !k->mem) k->mem = mem;
+  else free(mem);
+}
+
+/* Keeps part 0 (block bytes at part, its header h checked) for the next
+ * get. The bytes are copied with no lock held: the buffer is detached. */
+static void p0_keep(kvt_cache *c, const object_header *h, const char *part, size_t block) {
+  pthread_mutex_lock(&c->lock);
+  memo_slot(c, &h->key, 1);
+  char *mem = p0_detach(c);
+  pthread_mutex_unlock(&c->lock);
+  if (!mem && posix_memalign((void **)&mem, PAGE, block)) return;
+  memcpy(mem, part, block);
+  pthread_mutex_lock(&c->lock);
+  kept_part0 *k = c->objects ? &c->objects->p0 : NULL;
+  if (k && !k->mem) {
+    k->mem = mem;
+    k->h = *h;
+    k->used = 1;
+  } else {
+    free(mem); /* another find kept its own meanwhile */
+  }
+  pthread_mutex_unlock(&c->lock);
+}
+
+/* Part 0 of the object info names, if a find kept it and it is still in a
+ * tier (touched there, as a get touches what it reads): its meta area into
+ * the scratch, its bytes into the buffer (and the tail, for an object of
+ * one part), copied with no lock held. 1 when taken (and no longer kept),
+ * else 0. */
+static int p0_take(kvt_cache *c, const kvt_object_info *info, const kvt_key *k0, object_io *io) {
+  char *mem = NULL;
+  pthread_mutex_lock(&c->lock);
+  kept_part0 *k = c->objects ? &c->objects->p0 : NULL;
+  uint32_t e = KVT__NONE;
+  if (k && k->used && kvt__key_eq(&k->h.key, &info->key) && k->h.bytes == info->bytes &&
+      k->h.parts == info->parts && k->h.n_tokens == info->n_tokens)
+    e = kvt__index_find(&c->map, k0);
+  if (e != KVT__NONE && (kvt__E(c, e)->state[KVT__T_HOST] == KVT__VALID ||
+                         kvt__E(c, e)->state[KVT__T_DISK] == KVT__VALID)) {
+    kvt__index_touch(&c->map, e, KVT__T_HOST);
+    kvt__index_touch(&c->map, e, KVT__T_DISK);
+    mem = p0_detach(c);
+  }
+  pthread_mutex_unlock(&c->lock);
+  if (!mem) return 0;
+  uint64_t per = io->block - io->meta, len = io->bytes < per ? io->bytes : per;
+  uint64_t whole = len == per ? len : len & ~(uint64_t)(PAGE - 1);
+  memcpy(io->mem, mem, io->meta);
+  memcpy(io->buf, mem + io->meta, whole);
+  if (whole < per) memcpy(io->tail, mem + io->meta + whole, per - whole);
+  pthread_mutex_lock(&c->lock);
+  p0_attach(c, mem);
+  pthread_mutex_unlock(&c->lock);
+  return 1;
+}
+
 void kvt__object_memo_free(kvt_cache *c) {
+  if (c->objects) free(c->objects->p0.mem);
   free(c->objects);
   c->objects = NULL;
 }
@@ -468,7 +552,10 @@ static int read_header(kvt_cache *c, const kvt_key *key, const part_scratch *s, 
   if (h->magic != OBJECT_MAGIC || !kvt__key_eq(&h->key, key) || h->bytes == 0 || h->bytes > MAX_OBJECT_BYTES ||
       h->parts != parts_for(h->bytes, block) || t.nonce != h->nonce || t.index != 0 || t.parts != h->parts)
     return KVT_ECORRUPT;
-  if (from_disk) memo_put(c, h);
+  if (from_disk) {
+    memo_put(c, h);
+    p0_keep(c, h, s->mem, block);
+  }
   return 0;
 }
 
@@ -561,7 +648,13 @@ int kvt_object_get(kvt_cache *c, const kvt_object_info *info, const uint32_t *to
   if (rc) goto out;
   part_keys(c, &info->key, 0, parts, io.keys);
   object_pieces(&io);
-  if ((rc = run_parts(c, 1, io.keys, io.p, parts, PIECES)) != 0) {
+  /* Part 0 as find read it, when it did (its record checked then): the
+   * other parts from the tiers. */
+  int kept = p0_take(c, info, &io.keys[0], &io);
+again:
+  if (kept && parts > 1) rc = run_parts(c, 1, io.keys + 1, io.p + PIECES, parts - 1, PIECES);
+  else if (!kept) rc = run_parts(c, 1, io.keys, io.p, parts, PIECES);
+  if (rc != 0) {
     if (rc == KVT_ECORRUPT) remove_parts(c, &info->key, parts);
     else memo_drop(c, &info->key);
     goto out;
@@ -574,6 +667,13 @@ int kvt_object_get(kvt_cache *c, const kvt_object_info *info, const uint32_t *to
   for (uint32_t i = 0; rc == 0 && i < parts && i < h->parts; i++) {
     const part_trailer *t = io_trailer(&io, i);
     if (t->nonce != h->nonce || t->index != i || t->parts != h->parts) rc = KVT_ECORRUPT;
+  }
+  /* Parts of another put than the kept part 0 (put again since find read
+   * it): read part 0 again, as a get that kept nothing. */
+  if (rc == KVT_ECORRUPT && kept) {
+    kept = 0;
+    rc = 0;
+    goto again;
   }
   /* A whole object other than the one find described: put since. */
   if (rc == 0 && (h->bytes != info->bytes || h->parts != parts || h->n_tokens != info->n_tokens)) rc = KVT_EMISS;

@@ -13,7 +13,9 @@
  * straight between the file and the engine's pieces, in one vectored I/O
  * with the staging record holding only its prefix (header and tokens).
  * Disk completions only mark a staging buffer done (data, not
- * callbacks); the worker retires it. Job and region tables are guarded by
+ * callbacks); the worker retires it, each as soon as its I/O is over, and
+ * checks a read's checksums itself (kvt__disk_verify) before it copies or
+ * commits a byte of it. A get's disk reads are submitted in batches. Job and region tables are guarded by
  * c->lock; a staging ring by its worker's own lock. */
 #ifndef KVT_ENGINE_STORAGE_H
 #define KVT_ENGINE_STORAGE_H

@@ -168,7 +168,14 @@ static void stage_retire(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb, kvt__stag
   st->block = KVT__NONE;
   if (jb->kind == KVT__SJ_GET) {
     /* Straight: the payload is already in the engine's pieces (and, on a
-     * failure, so may be any bytes: the block is reported not landed). */
+     * failure, so may be any bytes: the block is reported not landed). A
+     * disk read landed unchecked (verify_later): its checksums run here,
+     * on the worker that waited for it, before anything reads it. */
+    if (status == 0 && jb->blocks[i].tier == KVT__T_DISK) {
+      kvt__disk_io io = {.rec = st->rec, .expected_key = &jb->keys[i], .iov = st->n_iov ? st->iov : NULL,
+                         .n_iov = st->n_iov};
+      status = kvt__disk_verify(c->disk, &io);
+    }
     if (status == 0 && jb->blocks[i].tier == KVT__T_REMOTE) status = verify_parent(c, jb, i, st->rec);
     if (status == 0) status = verify_tokens(c, jb, i, st->rec);
     if (status == 0 && !st->n_iov) status = copy_pieces(jb, i, kvt__record_payload(st->rec, c->bt), 1);
@@ -221,10 +228,44 @@ static kvt__stage *stage_next(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb, uint
   return st;
 }
 
-static void stage_submit(kvt_cache *c, kvt__stage *st, uint32_t i, kvt__sjob *jb) {
+/* Stage st takes block i: in flight from now on (ring_take passes it by). */
+static void stage_claim(kvt__stage *st, uint32_t i) {
   st->block = i;
   st->in_flight = 1;
   st->status = 0;
+}
+
+/* The disk read of block i into stage st, unsubmitted. */
+static kvt__disk_io stage_read_io(kvt_cache *c, kvt__stage *st, uint32_t i, kvt__sjob *jb) {
+  pthread_mutex_lock(&c->lock);
+  uint32_t slot = kvt__E(c, jb->blocks[i].entry)->slot[KVT__T_DISK];
+  pthread_mutex_unlock(&c->lock);
+  return (kvt__disk_io){.slot = slot, .rec = st->rec, .arg = st, .iov = st->n_iov ? st->iov : NULL,
+                        .n_iov = st->n_iov, .expected_key = &jb->keys[i],
+                        .verify_later = 1 /* checked at retirement, on this worker */};
+}
+
+/* Submits the disk reads ios[0..n) of stages sts[0..n) as one batch (one
+ * submission, so a virtual disk takes them in one pass). Two gets of one
+ * block both read its slot, and the store takes one operation per slot at
+ * a time: a read refused for that (KVT_EBUSY) goes again alone once the
+ * other is over. A read refused otherwise ends at once. */
+static void stage_read_batch(kvt_cache *c, kvt__stage **sts, kvt__disk_io *ios, uint32_t n) {
+  if (!n) return;
+  int rc = kvt__disk_read_batch(c->disk, ios, n, stage_done);
+  for (uint32_t j = 0; j < n; j++) {
+    int st = rc < 0 ? rc : ios[j].status;
+    while (st == KVT_EBUSY) {
+      usleep(20);
+      rc = kvt__disk_read_batch(c->disk, &ios[j], 1, stage_done);
+      st = rc < 0 ? rc : ios[j].status;
+    }
+    if (st != 0) stage_done(sts[j], st);
+  }
+}
+
+static void stage_submit(kvt_cache *c, kvt__stage *st, uint32_t i, kvt__sjob *jb) {
+  stage_claim(st, i);
   if (jb->kind == KVT__SJ_GET && jb->blocks[i].tier == KVT__T_REMOTE) {
     kvt__remote *r = kvt__rtier(c);
     kvt__remote_io io = {.key = jb->keys[i], .rec = st->rec, .arg = st};
@@ -232,27 +273,53 @@ static void stage_submit(kvt_cache *c, kvt__stage *st, uint32_t i, kvt__sjob *jb
     if (q < 0 || io.status) stage_done(st, q < 0 ? q : io.status);
     return;
   }
+  if (jb->kind == KVT__SJ_GET) {
+    kvt__disk_io io = stage_read_io(c, st, i, jb);
+    stage_read_batch(c, &st, &io, 1);
+    return;
+  }
   uint32_t slot;
   pthread_mutex_lock(&c->lock);
   slot = kvt__E(c, jb->blocks[i].entry)->slot[KVT__T_DISK];
   pthread_mutex_unlock(&c->lock);
   kvt__disk_io io = {.slot = slot, .rec = st->rec, .arg = st, .iov = st->n_iov ? st->iov : NULL, .n_iov = st->n_iov};
-  int rc;
-  if (jb->kind == KVT__SJ_PUT) {
-    rc = kvt__disk_write_batch(c->disk, &io, 1, stage_done);
-  } else {
-    /* Two gets of one block both read its slot, and the store takes one
-     * operation per slot at a time: the second waits for the first. */
-    io.expected_key = &jb->keys[i];
-    while ((rc = kvt__disk_read_batch(c->disk, &io, 1, stage_done)) >= 0 && io.status == KVT_EBUSY) usleep(20);
-  }
+  int rc = kvt__disk_write_batch(c->disk, &io, 1, stage_done);
   if (rc >= 0) rc = io.status;
   if (rc != 0) stage_done(st, rc);
 }
 
+/* A stage of ring[0..n) holding a block whose I/O is over, else NULL;
+ * *busy is set when one holds a block still in flight. w->lock held. */
+static kvt__stage *ring_landed(kvt__stage *ring, uint32_t n, int *busy) {
+  for (uint32_t k = 0; k < n; k++) {
+    if (ring[k].block == KVT__NONE) continue;
+    if (!ring[k].in_flight) return &ring[k];
+    *busy = 1;
+  }
+  return NULL;
+}
+
+/* Retires every stage holding a block, each as soon as its I/O is over.
+ * In ring order, a stage reused late (a job of more blocks than the ring
+ * holds) would hold back every block behind it, and with them their
+ * checksums (verify_later), which would then all run after the last
+ * read instead of while the others are at the disk. */
 static void stage_drain(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb) {
-  for (uint32_t k = 0; k < KVT__STAGE_DEPTH; k++) stage_retire(c, w, jb, &w->stage[k]);
-  for (uint32_t k = 0; k < KVT__STRAIGHT_DEPTH; k++) stage_retire(c, w, jb, &w->straight[k]);
+  for (;;) {
+    kvt__stage *st = NULL;
+    int busy;
+    pthread_mutex_lock(&w->lock);
+    for (;;) {
+      busy = 0;
+      st = ring_landed(w->stage, KVT__STAGE_DEPTH, &busy);
+      if (!st) st = ring_landed(w->straight, KVT__STRAIGHT_DEPTH, &busy);
+      if (st || !busy) break;
+      pthread_cond_wait(&w->cond, &w->lock);
+    }
+    pthread_mutex_unlock(&w->lock);
+    if (!st) return;
+    stage_retire(c, w, jb, st);
+  }
 }
 
 /* ---- puts ---- */
@@ -329,10 +396,32 @@ static void run_put(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb) {
 
 /* ---- gets ---- */
 
+/* Disk reads of a get submitted together: a virtual disk serves the
+ * requests it finds queued in one pass, so reads submitted one by one
+ * (a system call each, microseconds apart) reach it in several passes. */
+#define GET_BATCH 32u
+
 static void run_get(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb) {
+  kvt__stage *sts[GET_BATCH];
+  kvt__disk_io ios[GET_BATCH];
+  uint32_t pending = 0;
   for (uint32_t i = 0; i < jb->n_blocks; i++) {
     kvt__sblock *sb = &jb->blocks[i];
     if (sb->entry == KVT__NONE && sb->tier != KVT__T_REMOTE) continue;
+    if (sb->tier == KVT__T_DISK) {
+      /* At most half of a ring's stages wait unsubmitted, so a ring_take
+       * that waits has a submitted one to wait for. */
+      uint32_t ring = straight_iov(c, jb, i, NULL, NULL) ? KVT__STRAIGHT_DEPTH : KVT__STAGE_DEPTH;
+      if (pending >= ring / 2) stage_read_batch(c, sts, ios, pending), pending = 0;
+      kvt__stage *st = stage_next(c, w, jb, i);
+      stage_claim(st, i);
+      sts[pending] = st;
+      ios[pending++] = stage_read_io(c, st, i, jb);
+      if (pending == GET_BATCH) stage_read_batch(c, sts, ios, pending), pending = 0;
+      continue;
+    }
+    stage_read_batch(c, sts, ios, pending);
+    pending = 0;
     if (sb->tier == KVT__T_HOST) {
       /* Pinned: the slot holds this block until the unpin. */
       void *rec = kvt__host_slot(&c->host, kvt__E(c, sb->entry)->slot[KVT__T_HOST]);
@@ -345,6 +434,7 @@ static void run_get(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb) {
       stage_submit(c, stage_next(c, w, jb, i), i, jb);
     }
   }
+  stage_read_batch(c, sts, ios, pending);
   stage_drain(c, w, jb);
 }
 

@@ -46,6 +46,7 @@ typedef struct disk_op {
   uint32_t n_iov;
   kvt_key key;
   int check_key;
+  int verify_later;         /* reads: the caller checks the record (kvt__disk_verify) */
   int at_disk;              /* counted in the store's at_disk */
   kvt__disk_done_fn done;
   void *arg;

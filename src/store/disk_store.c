@@ -8,7 +8,11 @@
  * more are sealed and verified on the checksum threads, so neither the
  * caller nor the reaper ever hashes a large payload in series with the
  * ring; smaller ones are hashed in place, where a thread handoff would cost
- * more than the hash. An op is in exactly one place at a time (caller,
+ * more than the hash. A read whose caller waits for it on a thread of its
+ * own (verify_later: storage mode's workers) is finished unchecked, and
+ * that thread checks it (kvt__disk_verify) before it trusts a byte: the
+ * checksum then costs no wake-up of a checksum thread in series with the
+ * read. An op is in exactly one place at a time (caller,
  * disk queue, backend, reaper, checksum queue, sync queue), and there are
  * queue_depth of them (twice that for records hashed on the checksum
  * threads).
@@ -287,6 +291,7 @@ static int io_prep(kvt__disk *d, int kind, kvt__disk_io *io, kvt__disk_done_fn d
   if (kind == OP_WRITE) t->seq = atomic_fetch_add(&d->next_seq, 1); /* call order, not seal order */
   if (kind == OP_WRITE && !d->handoff) op_seal(d, t);
   if (kind == OP_READ && io->expected_key) t->key = *io->expected_key, t->check_key = 1;
+  if (kind == OP_READ) t->verify_later = io->verify_later != 0;
   return 0;
 }
 
@@ -346,6 +351,14 @@ static int read_status(kvt__disk *d, disk_op *op) {
     atomic_fetch_add(&d->st.bytes_read, d->slot_bytes);
   }
   return rc;
+}
+
+int kvt__disk_verify(kvt__disk *d, const kvt__disk_io *io) {
+  if (!d || !io || (!io->iov && !io->rec)) return -EINVAL;
+  disk_op op = {.kind = OP_READ, .buf = io->iov ? io->iov[0].iov_base : io->rec, .iov = io->iov,
+                .n_iov = io->iov ? io->n_iov : 0};
+  if (io->expected_key) op.key = *io->expected_key, op.check_key = 1;
+  return read_status(d, &op);
 }
 
 static void count_ok(kvt__disk *d, disk_op *op) {
@@ -469,7 +482,7 @@ static void complete_batch(kvt__disk *d, const kvt_io_cqe *cqes, int n) {
     int status = op_status(d, op, cqes[i].res);
     if (status == 1) continue;
     if (op->at_disk) d->left[left++] = op;
-    if (status == 0 && op->kind == OP_READ && d->handoff) {
+    if (status == 0 && op->kind == OP_READ && d->handoff && !op->verify_later) {
       d->hbatch[nv++] = op;
       continue;
     }
@@ -477,7 +490,7 @@ static void complete_batch(kvt__disk *d, const kvt_io_cqe *cqes, int n) {
       d->sq_reap[ns++] = op;
       continue;
     }
-    if (status == 0 && op->kind == OP_READ) status = read_status(d, op);
+    if (status == 0 && op->kind == OP_READ && !op->verify_later) status = read_status(d, op);
     d->fin[k] = (disk_fin){op->done, op->arg, status};
     d->fin_ops[k++] = op;
     slot_release(d, op->slot);

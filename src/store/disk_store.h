@@ -136,6 +136,12 @@ typedef struct kvt__disk_io {
   int status;                  /* out */
   const struct iovec *iov;     /* non-NULL: the record in pieces; rec is ignored */
   uint32_t n_iov;
+  /* Reads: 1 = done() reports the I/O alone (0: the record landed whole,
+   * NOT yet checked) and the caller checks it with kvt__disk_verify before
+   * it trusts a byte; for a caller that waits for each read on a thread of
+   * its own anyway, so the checksum runs there, with no checksum thread's
+   * wake-up in series with the read. */
+  int verify_later;
 } kvt__disk_io;
 /* A record in pieces (stores whose kvt__disk_info.vectored is 1; else
  * KVT_EUNSUPPORTED) moves straight between the file and memory that is
@@ -149,6 +155,11 @@ typedef struct kvt__disk_io {
  * memory it names belong to the store until done(); a read that fails
  * (I/O error, short, checksum, mismatch) may have left any bytes there. */
 #define KVT_DISK_MAX_IOV 1024u
+/* Checks a read whose io had verify_later, on the memory it landed in (io
+ * as submitted): 0, KVT_ECORRUPT (a checksum failed), KVT_EMISMATCH
+ * (another block's record, or an empty slot), as done() reports them for
+ * the other reads; counted in the store's stats the same way. */
+int kvt__disk_verify(kvt__disk *d, const kvt__disk_io *io);
 int kvt__disk_write_batch(kvt__disk *d, kvt__disk_io *ios, uint32_t n, kvt__disk_done_fn done);
 int kvt__disk_read_batch(kvt__disk *d, kvt__disk_io *ios, uint32_t n, kvt__disk_done_fn done);
 /* The same, never waiting for a free op (the batch calls above wait while
