@@ -19,7 +19,11 @@
  *    blocks) bookkeeping, never across a copy or an I/O. Exceptions: kvt_open,
  *    kvt_register_layout and kvt_close must not race other calls on the same
  *    cache. Functions marked "may block" wait for copies or I/O;
- *    kvt_acquire and kvt_prefetch never wait for disk reads (with a remote
+ *    kvt_acquire and kvt_prefetch never wait for their own disk reads
+ *    (kvt_acquire does wait when a block it would restore is already being
+ *    copied into a faster tier by another request's load or a prefetch: it
+ *    takes that copy rather than read the block twice; KVT_ACQUIRE_NOWAIT
+ *    makes it return KVT_EAGAIN instead) (with a remote
  *    tier, lookups, plans, kvt_acquire, kvt_prefetch and storage mode's
  *    exists and get wait for existence round trips to the server, one per
  *    256 blocks after the local prefix, each wait, queueing behind the
@@ -489,7 +493,8 @@ typedef struct kvt_acquire_info {
 } kvt_acquire_info;
 #define KVT_ACQUIRE_INFO_SIZE_V1 (offsetof(kvt_acquire_info, n_from_disk) + sizeof(uint32_t))
 
-#define KVT_ACQUIRE_NOWAIT 0x1u /* KVT_EAGAIN instead of waiting for evictions */
+#define KVT_ACQUIRE_NOWAIT 0x1u /* KVT_EAGAIN instead of waiting for evictions, or for
+                                  another job's copy of a block it would restore */
 
 /* Gives a request device slots for n_blocks keyed blocks plus extra_slots
  * more (partial block, decode). The first `restore` keyed blocks are
