@@ -99,11 +99,7 @@ int kvt_open(const kvt_config *user, kvt_cache **out) {
   if (!c) return -ENOMEM;
   /* The lock first: kvt_close destroys it on every path below. */
   pthread_mutex_init(&c->lock, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&c->cond, &ca);
-  pthread_condattr_destroy(&ca);
+  kvt__cond_init_monotonic(&c->cond);
   c->fork_gen = kvt__fork_gen();
   c->cfg = *cfg;
   c->model_fp = dup_or_fault(KVT_ALLOC_OPEN_FINGERPRINT, cfg->model_fingerprint);

@@ -435,11 +435,13 @@ int kvt_request_wait(kvt_cache *c, kvt_req req, int64_t timeout_ns, uint32_t *n_
   uint32_t r = req_from_handle(c, req);
   int rc = 0;
   while (r != KVT__NONE && loading(c, &c->reqs[r]) && rc == 0) {
-    if (timeout_ns == 0) rc = 1;
-    else if (timeout_ns < 0) kvt__wait(c, NULL);
-    else if (kvt__wait(c, &dl) != 0 && (r = req_from_handle(c, req)) != KVT__NONE && loading(c, &c->reqs[r]))
-      rc = KVT_ETIMEDOUT;
+    if (timeout_ns == 0) {
+      rc = 1;
+      break;
+    }
+    int late = kvt__wait(c, timeout_ns < 0 ? NULL : &dl) != 0;
     r = req_from_handle(c, req); /* another thread may have released it meanwhile */
+    if (late && r != KVT__NONE && loading(c, &c->reqs[r])) rc = KVT_ETIMEDOUT;
   }
   if (r == KVT__NONE) rc = KVT_ENOJOB;
   else if (n_ready) *n_ready = rc == 0 ? ready_prefix(c, &c->reqs[r]) : 0;

@@ -96,11 +96,7 @@ int kvt__rtier_open(kvt_cache *c) {
   c->rneg = calloc(KVT__RNEG_SLOTS, sizeof *c->rneg);
   if (!c->rneg) return -ENOMEM;
   pthread_mutex_init(&c->rlock, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&c->rcond, &ca);
-  pthread_condattr_destroy(&ca);
+  kvt__cond_init_monotonic(&c->rcond);
   c->rlock_ready = 1;
   c->remote_on = 1;
   char why[160] = "", url[256];

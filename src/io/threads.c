@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "kvtier/backend.h"
+#include "util/clock.h"
 
 #define THREADS_MAX_WORKERS 16u
 
@@ -125,11 +126,7 @@ static thr_ctx *thr_alloc(const kvt_io_open_args *a) {
   c->cq = calloc(c->depth, sizeof *c->cq);
   pthread_mutex_init(&c->lock, NULL);
   pthread_cond_init(&c->work, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&c->done, &ca);
-  pthread_condattr_destroy(&ca);
+  kvt__cond_init_monotonic(&c->done);
   if (!c->sq || !c->cq) {
     thr_free(c);
     return NULL;

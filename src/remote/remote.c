@@ -399,13 +399,9 @@ int kvt__remote_exists(kvt__remote *r, const kvt_key *keys, uint32_t n, uint8_t 
   if (!w) return -ENOMEM;
   if (n) memset(w->present, KVT__RM_UNKNOWN, n); /* until answered */
   pthread_mutex_init(&w->mu, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&w->cv, &ca);
-  pthread_condattr_destroy(&ca);
+  kvt__cond_init_monotonic(&w->cv);
   /* The whole call, queueing behind other ops included, within one timeout:
-   * a key not answered by then is absent for this call. */
+   * a key not answered by then stays KVT__RM_UNKNOWN. */
   w->deadline = kvt__now_ns() + (int64_t)r->timeout_ms * 1000000;
   struct timespec until = {(time_t)(w->deadline / 1000000000), (long)(w->deadline % 1000000000)};
   pthread_mutex_lock(&w->mu);
