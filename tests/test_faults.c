@@ -897,6 +897,46 @@ static void second_request_follows_the_first_load(void **state) {
   }
 }
 
+/* No device room for a private copy: the second request waits for the
+ * first one's load (a wait for room, which kvt_acquire keeps) and shares
+ * its slots, rather than fail with KVT_ENOSPACE; with NOWAIT it returns
+ * KVT_EAGAIN. (As the code before following did.) */
+static void *open_gate_soon(void *arg) {
+  (void)arg;
+  usleep(50000);
+  open_gate();
+  return NULL;
+}
+
+static void no_room_for_a_private_copy_shares_after_waiting(void **state) {
+  fixture f;
+  open_disk(&f, 8, 4, 32, KVT_WRITE_THROUGH);
+  world w;
+  fill(&f, &w);
+  close_gate(KVT_FAULT_DEV_DELAY_US);
+  kvt_req ra, rb;
+  uint32_t sa[NB], sb[NB + 1], ready = 9;
+  assert_int_equal(kvt_acquire(f.c, w.k[2], w.t[2], NB, NB, 0, 0, &ra, sa, NULL), 1);
+  wait_gate_holds();
+  /* Four private copies and an extra slot: 5 slots, 4 free, none evictable. */
+  assert_int_equal(kvt_acquire(f.c, w.k[2], w.t[2], NB, NB, 1, KVT_ACQUIRE_NOWAIT, &rb, sb, NULL), KVT_EAGAIN);
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, open_gate_soon, NULL), 0);
+  kvt_acquire_info info = {.size = sizeof info};
+  assert_int_equal(kvt_acquire(f.c, w.k[2], w.t[2], NB, NB, 1, 0, &rb, sb, &info), 0);
+  assert_int_equal(pthread_join(th, NULL), 0);
+  assert_true(disarm() >= 1);
+  assert_int_equal(info.n_device_hits, NB);
+  assert_memory_equal(sb, sa, sizeof sa);
+  assert_int_equal(kvt_request_wait(f.c, ra, -1, &ready), 0);
+  assert_int_equal(ready, NB);
+  for (uint32_t i = 0; i < NB; i++) assert_true(fixture_check(&f, sa[i], block_seed(2, i)));
+  assert_int_equal(kvt_release(f.c, rb), 0);
+  assert_int_equal(kvt_release(f.c, ra), 0);
+  all_readable(&f, &w);
+  close_disk(&f);
+}
+
 /* The followed fetch fails (an injected read error or short read, or a
  * record corrupt on the medium): the follower's ready prefix stops before
  * that block (FAILED, the rest COMPUTE), nothing before it is wrong, its
@@ -1388,6 +1428,7 @@ int main(void) {
       cmocka_unit_test(acquire_returns_before_disk_reads),
       cmocka_unit_test(acquire_follows_a_prefetch_in_flight),
       cmocka_unit_test(second_request_follows_the_first_load),
+      cmocka_unit_test(no_room_for_a_private_copy_shares_after_waiting),
       cmocka_unit_test(followed_fetch_failure_fails_the_follower),
       cmocka_unit_test(spills_never_stall_device_completions),
       cmocka_unit_test(store_op_delay_never_stalls_device_completions),

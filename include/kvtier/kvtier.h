@@ -514,7 +514,9 @@ typedef struct kvt_acquire_info {
  * into its own device slot is copied again, from the host, into a slot of
  * this request's own (that slot is not shared: if the other copy failed,
  * both requests would compute into it), freed at kvt_release. Both return 1
- * at once.
+ * at once (unless the device has no room for the private copy: that is a
+ * wait for room, for the other load among others, after which the call
+ * shares its slots).
  * With a remote tier, the keys of the restore range after the local chain
  * are asked of the remote first (one round trip, bounded by
  * remote_timeout_ms, none for a key found absent lately); the remote hits

@@ -52,6 +52,8 @@ static int tokens_match(kvt_cache *c, const kvt__entry *en, int tier, const uint
 
 typedef struct scan_result {
   uint32_t n, per_tier[KVT__NTIERS + 1]; /* the remote tier last */
+  uint32_t n_dup; /* of the host blocks: private copies (another request loads them) */
+  int must_wait;  /* no_dup: stopped at a block another request is loading */
   int mismatch; /* stopped at a block whose tokens or parent differ */
 } scan_result;
 
@@ -89,7 +91,7 @@ static int host_followable(const kvt_cache *c, const kvt__entry *en) {
 }
 
 static void scan_prefix(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, const uint32_t *tokens,
-                        size_t restore, uint32_t chunk0, const remote_run *rr, scan_result *sr) {
+                        size_t restore, uint32_t chunk0, const remote_run *rr, int no_dup, scan_result *sr) {
   memset(sr, 0, sizeof *sr);
   kvt__ref_walk w;
   kvt__walk_from(c, &w, chunk0 * KVT__REF_CHUNK);
@@ -120,6 +122,10 @@ static void scan_prefix(kvt_cache *c, const kvt_key *parent, const kvt_key *keys
     if (t != KVT__T_DEV && (en->state[KVT__T_DEV] == KVT__FILLING || en->state[KVT__T_HOST] == KVT__FILLING)) {
       if (!host_followable(c, en)) break;
       dup = en->state[KVT__T_DEV] == KVT__FILLING;
+      if (dup && no_dup) {
+        sr->must_wait = 1;
+        break;
+      }
       t = KVT__T_HOST; /* pinned there, valid or not yet */
     }
     if (t < 0) break;
@@ -142,6 +148,7 @@ static void scan_prefix(kvt_cache *c, const kvt_key *parent, const kvt_key *keys
     r->entry = e;
     r->tier = (uint8_t)t;
     r->dup = (uint8_t)(dup ? KVT__DUP_LOADING : 0);
+    sr->n_dup += (uint32_t)dup;
     r->slot = en->slot[KVT__T_DEV]; /* a device hit's slot; fill_request sets the others' */
     sr->per_tier[t]++;
     sr->n++;
@@ -294,11 +301,18 @@ static int prefix_moved(kvt_cache *c, uint32_t chunk0, uint32_t n) {
 static int reserve(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, const uint32_t *tokens, size_t restore,
                    uint32_t chunk0, uint32_t total, int may_wait, const remote_run *rr, scan_result *sr,
                    uint32_t *job_out) {
+  int no_dup = 0;
   for (;;) {
-    scan_prefix(c, parent, keys, tokens, restore, chunk0, rr, sr);
+    scan_prefix(c, parent, keys, tokens, restore, chunk0, rr, no_dup, sr);
+    if (sr->must_wait) { /* the device had no room for private copies: share the other load's slots */
+      unpin_prefix(c, chunk0, sr->n);
+      if (!may_wait) return KVT_EAGAIN;
+      kvt__wait(c, NULL);
+      continue;
+    }
     uint32_t n_copy = sr->n - sr->per_tier[KVT__T_DEV], n_stage = 0, job = KVT__NONE;
     uint32_t staging = sr->per_tier[KVT__T_DISK] + sr->per_tier[KVT__T_REMOTE];
-    int rc = 0, no_job = 0;
+    int rc = 0, no_job = 0, dev_short = 0;
     if (n_copy && (job = kvt__job_new(c, KVT__JOB_LOAD, 0)) == KVT__NONE) {
       rc = may_wait ? KVT_ENOSPACE : KVT_EAGAIN;
       no_job = 1;
@@ -309,6 +323,7 @@ static int reserve(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, con
       for (; n_stage < staging; n_stage++)
         c->jobs[job].dev_slots[n_stage] = kvt__slots_take(&c->slots[KVT__T_HOST]);
       rc = kvt__make_room(c, KVT__T_DEV, total - sr->per_tier[KVT__T_DEV], may_wait);
+      dev_short = rc == KVT_ENOSPACE;
     }
     if (rc == 0 && c->n_req_free == 0) rc = KVT_ENOSPACE;
     if (rc == 0 && !prefix_moved(c, chunk0, sr->n)) {
@@ -321,6 +336,13 @@ static int reserve(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, con
       /* Every job is busy with transfers (spills, remote puts): one of
        * them frees a job when it finishes. */
       kvt__wait(c, NULL);
+      continue;
+    }
+    if (dev_short && sr->n_dup && !no_dup) {
+      /* No device room for private copies of blocks another request is
+       * loading: wait for that load instead and share its slots (device
+       * hits need none), as a request that only waits would. */
+      no_dup = 1;
       continue;
     }
     if (rc == KVT_ENOSPACE && staging) {
