@@ -1020,6 +1020,175 @@ static void followed_fetch_failure_fails_the_follower(void **state) {
   }
 }
 
+/* ---- restores that follow another job's copy: the edges ---- */
+
+/* A block acquire scanned while a prefetch was fetching it into the host
+ * has its tokens checked when the fetch lands. If the fetch lands while
+ * acquire waits for device room, the request no longer follows it: the
+ * scan runs again and checks the tokens there. A request whose tokens
+ * differ from the stored block's must not get the stored block as ready. */
+static void followed_fetch_landing_during_a_room_wait_still_checks_tokens(void **state) {
+  fixture f;
+  open_disk(&f, 8, 4, 32, KVT_WRITE_BACK);
+  world w;
+  fill(&f, &w); /* conv 0, 1 on disk; conv 2 on the host */
+  /* Four device blocks with no host copy, unpinned (write-back: no store at commit). */
+  kvt_key k3[NB];
+  uint32_t t3[NB * BT];
+  fixture_keys(&f, 3, NB, k3, t3);
+  assert_int_equal(run_request(&f, k3, t3, NB, 3), 0);
+  /* Make host room for the prefetch first (spills conv 2), ungated. */
+  kvt_job j;
+  int prc = kvt_prefetch(f.c, w.k[0], NB, &j);
+  if (prc == KVT_EAGAIN) {
+    assert_int_equal(kvt_drain(f.c), 0);
+    close_gate(KVT_FAULT_IO_DELAY_US);
+    prc = kvt_prefetch(f.c, w.k[0], NB, &j);
+  } else {
+    fail_msg("expected the first prefetch to need room (rc %d)", prc);
+  }
+  assert_int_equal(prc, 1);
+  wait_gate_holds();
+  /* B: conv 0's keys with conv 1's tokens (a different block for the same key). */
+  kvt_stats before = fixture_stats(&f);
+  kvt_req rb;
+  uint32_t sb[NB + 1], ready = 9;
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, open_gate_soon, NULL), 0);
+  int rc = kvt_acquire(f.c, w.k[0], w.t[1], NB, NB, 1, 0, &rb, sb, NULL); /* waits for device room */
+  assert_int_equal(pthread_join(th, NULL), 0);
+  disarm();
+  assert_true(rc == 0 || rc == 1);
+  assert_int_equal(kvt_request_wait(f.c, rb, -1, &ready), 0);
+  assert_int_equal(kvt_job_wait(f.c, j, -1), 0);
+  assert_int_equal(kvt_job_release(f.c, j), 0);
+  kvt_stats st = fixture_stats(&f);
+  assert_true(st.verify_mismatches > before.verify_mismatches); /* the re-scan checked them */
+  int wrong = 0;
+  for (uint32_t i = 0; i < ready && i < NB; i++) wrong += fixture_check(&f, sb[i], block_seed(0, i));
+  if (ready > 0)
+    fail_msg("%u block(s) reported ready for tokens that differ from the stored block's (%d hold conv 0's KV)", ready, wrong);
+  for (uint32_t i = 0; i < NB; i++) fixture_write(&f, sb[i], block_seed(1, i));
+  assert_int_equal(kvt_release(f.c, rb), 0);
+  close_disk(&f);
+}
+
+/* Cancelling a prefetch does not fail another request's restore that
+ * follows it: the fetch lands for the follower (the prefetch's handle
+ * still reports the cancel). */
+static void cancelled_prefetch_still_lands_for_its_followers(void **state) {
+  fixture f;
+  open_disk(&f, 8, 4, 32, KVT_WRITE_THROUGH);
+  world w;
+  fill(&f, &w);
+  close_gate(KVT_FAULT_IO_DELAY_US);
+  kvt_job j;
+  assert_int_equal(kvt_prefetch(f.c, w.k[0], NB, &j), 1);
+  wait_gate_holds();
+  kvt_req rb;
+  uint32_t sb[NB], ready = 9;
+  assert_int_equal(kvt_acquire(f.c, w.k[0], w.t[0], NB, NB, 0, 0, &rb, sb, NULL), 1);
+  assert_int_equal(kvt_job_cancel(f.c, j), 0);
+  open_gate();
+  assert_int_equal(kvt_request_wait(f.c, rb, -1, &ready), 0);
+  kvt_job_wait(f.c, j, -1);
+  assert_int_equal(kvt_job_release(f.c, j), 0);
+  disarm();
+  uint8_t states[NB];
+  assert_int_equal(kvt_request_block_states(f.c, rb, states, NB), 0);
+  assert_int_equal(states[0], ready ? KVT_BLOCK_READY : KVT_BLOCK_FAILED);
+  for (uint32_t i = 0; i < ready; i++) assert_true(fixture_check(&f, sb[i], block_seed(0, i)));
+  for (uint32_t i = ready; i < NB; i++) fixture_write(&f, sb[i], block_seed(0, i));
+  assert_int_equal(kvt_commit(f.c, rb, NB, NULL), 0);
+  assert_int_equal(kvt_release(f.c, rb), 0);
+  int lost = ready < NB;
+  all_readable(&f, &w);
+  close_disk(&f);
+  if (lost) fail_msg("another user's kvt_job_cancel turned %u intact disk hits of this request into FAILED", NB - ready);
+}
+
+/* The prefetch's handle is released (or not) before its reads land, and
+ * the cache is closed with a follower and a private-copy follower still
+ * acquired, their loads in flight (the gate opens from another thread):
+ * no hang, no leak or use-after-free (ASan). */
+static void close_with_followers_in_flight(void **state) {
+  for (int release_handle = 0; release_handle < 2; release_handle++) {
+    fixture f;
+    open_disk(&f, 8, 4, 32, KVT_WRITE_THROUGH);
+    world w;
+    fill(&f, &w);
+    close_gate(KVT_FAULT_IO_DELAY_US);
+    kvt_job j;
+    assert_int_equal(kvt_prefetch(f.c, w.k[0], NB, &j), 1);
+    wait_gate_holds();
+    kvt_req rb, rc2;
+    uint32_t sb[NB], sc[NB];
+    assert_int_equal(kvt_acquire(f.c, w.k[0], w.t[0], NB, NB, 0, KVT_ACQUIRE_NOWAIT, &rb, sb, NULL), 1);
+    /* and a dup follower behind rb's device copies */
+    assert_int_equal(kvt_acquire(f.c, w.k[0], w.t[0], NB, NB, 0, KVT_ACQUIRE_NOWAIT, &rc2, sc, NULL), 1);
+    if (release_handle) assert_int_equal(kvt_job_release(f.c, j), 0);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, open_gate_soon, NULL), 0);
+    kvt_close(f.c); /* drains */
+    f.c = NULL;
+    assert_int_equal(pthread_join(th, NULL), 0);
+    disarm();
+    close_disk(&f);
+  }
+}
+
+/* A request and a private-copy follower both copy from the host; exactly
+ * one of the two device copies fails (which one is up to the workers). The
+ * other is ready and exact, slots are never shared, the failed one
+ * computes into slots of its own, and after commits and releases the
+ * device holds one exact copy. */
+static atomic_int one_copy_fail_left;
+static int one_copy_fails_hook(void *ctx, int site, int64_t arg) {
+  if (site == KVT_FAULT_DEV_COMPLETE && arg == KVT_XFER_H2D && atomic_fetch_sub(&one_copy_fail_left, 1) > 0) return -EIO;
+  return hook(ctx, site, arg);
+}
+
+static void one_of_two_device_copies_fails(void **state) {
+  for (int round = 0; round < 6; round++) {
+    fixture f;
+    open_disk(&f, 8, 4, 32, KVT_WRITE_THROUGH);
+    world w;
+    fill(&f, &w);
+    close_gate(KVT_FAULT_DEV_DELAY_US);
+    atomic_store(&one_copy_fail_left, 1);
+    kvt__fault_set(one_copy_fails_hook, NULL);
+    kvt_req ra, rb;
+    uint32_t sa[NB], sb[NB], na = 9, nb = 9;
+    kvt_acquire_info ia = {.size = sizeof ia}, ib = {.size = sizeof ib};
+    assert_int_equal(kvt_acquire(f.c, w.k[2], w.t[2], NB, NB, 0, 0, &ra, sa, &ia), 1);
+    wait_gate_holds();
+    assert_int_equal(kvt_acquire(f.c, w.k[2], w.t[2], NB, NB, 0, KVT_ACQUIRE_NOWAIT, &rb, sb, &ib), 1);
+    assert_int_equal(ib.n_device_hits, 0);
+    open_gate();
+    assert_int_equal(kvt_request_wait(f.c, ra, -1, &na), 0);
+    assert_int_equal(kvt_request_wait(f.c, rb, -1, &nb), 0);
+    disarm();
+    kvt__fault_set(NULL, NULL);
+    if (!((na == NB && nb == 0) || (na == 0 && nb == NB))) fail_msg("ready: first request %u, follower %u", na, nb);
+    for (uint32_t i = 0; i < NB; i++)
+      for (uint32_t k = 0; k < NB; k++) assert_true(sa[i] != sb[k]);
+    for (uint32_t i = 0; i < na; i++) assert_true(fixture_check(&f, sa[i], block_seed(2, i)));
+    for (uint32_t i = 0; i < nb; i++) assert_true(fixture_check(&f, sb[i], block_seed(2, i)));
+    assert_int_equal(fixture_lookup(&f, w.k[2], NB).n_device, na); /* a dup never becomes the device copy before commit */
+    for (uint32_t i = na; i < NB; i++) fixture_write(&f, sa[i], block_seed(2, i));
+    for (uint32_t i = nb; i < NB; i++) fixture_write(&f, sb[i], block_seed(2, i));
+    assert_int_equal(kvt_commit(f.c, rb, NB, NULL), 0);
+    assert_int_equal(kvt_commit(f.c, ra, NB, NULL), 0);
+    assert_int_equal(kvt_release(f.c, rb), 0);
+    assert_int_equal(kvt_release(f.c, ra), 0);
+    assert_int_equal(kvt_drain(f.c), 0);
+    assert_int_equal(fixture_stats(&f).resident_device, NB);
+    assert_int_equal(restore(&f, &w, 2), NB);
+    all_readable(&f, &w);
+    close_disk(&f);
+  }
+}
+
 /* Write-through spills wait for free disk ops off the device's completion
  * thread: with one copy worker, one disk op, and disk completions held
  * back, a restore from the host still completes (its copy's completion is
@@ -1430,6 +1599,10 @@ int main(void) {
       cmocka_unit_test(second_request_follows_the_first_load),
       cmocka_unit_test(no_room_for_a_private_copy_shares_after_waiting),
       cmocka_unit_test(followed_fetch_failure_fails_the_follower),
+      cmocka_unit_test(followed_fetch_landing_during_a_room_wait_still_checks_tokens),
+      cmocka_unit_test(cancelled_prefetch_still_lands_for_its_followers),
+      cmocka_unit_test(close_with_followers_in_flight),
+      cmocka_unit_test(one_of_two_device_copies_fails),
       cmocka_unit_test(spills_never_stall_device_completions),
       cmocka_unit_test(store_op_delay_never_stalls_device_completions),
       cmocka_unit_test(disk_restore_streams_device_copies),

@@ -22,7 +22,9 @@
  *    kvt_acquire and kvt_prefetch never wait for disk reads, their own or
  *    another job's (a block another request's load or a prefetch is
  *    already copying into a faster tier is restored by following that
- *    copy, never by waiting for it) (with a remote
+ *    copy, never by waiting for it), except that kvt_acquire without
+ *    KVT_ACQUIRE_NOWAIT may wait for room: for evictions, which may wait
+ *    for transfers in flight (with a remote
  *    tier, lookups, plans, kvt_acquire, kvt_prefetch and storage mode's
  *    exists and get wait for existence round trips to the server, one per
  *    256 blocks after the local prefix, each wait, queueing behind the
@@ -493,7 +495,7 @@ typedef struct kvt_acquire_info {
 } kvt_acquire_info;
 #define KVT_ACQUIRE_INFO_SIZE_V1 (offsetof(kvt_acquire_info, n_from_disk) + sizeof(uint32_t))
 
-#define KVT_ACQUIRE_NOWAIT 0x1u /* KVT_EAGAIN instead of waiting for evictions */
+#define KVT_ACQUIRE_NOWAIT 0x1u /* KVT_EAGAIN instead of waiting for room (evictions, a free job) */
 
 /* Gives a request device slots for n_blocks keyed blocks plus extra_slots
  * more (partial block, decode). The first `restore` keyed blocks are
@@ -640,9 +642,10 @@ KVT_API int kvt_job_wait(kvt_cache *c, kvt_job job, int64_t timeout_ns);
 /* Cancels a job of kvt_store or kvt_prefetch. Copies already under way
  * finish, but what they did is discarded: the blocks stay where they were
  * (a cancelled store leaves no host copy and keeps the device copy, a
- * cancelled prefetch leaves the block on disk) and the job reports
- * KVT_ECANCELED; release it as usual. A finished job is not undone.
- * Returns 0 or KVT_ENOJOB. */
+ * cancelled prefetch leaves the block on disk, except a block another
+ * request's restore is following: that fetch lands in the host for it)
+ * and the job reports KVT_ECANCELED; release it as usual. A finished job
+ * is not undone. Returns 0 or KVT_ENOJOB. */
 KVT_API int kvt_job_cancel(kvt_cache *c, kvt_job job);
 /* Every job handle must be released once. Releasing an unfinished job
  * detaches it: it completes on its own and frees itself. */

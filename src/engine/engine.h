@@ -138,6 +138,7 @@ typedef struct kvt__ref {
    * device slot (entry is NONE once the request is built): KVT__DUP_LOADING
    * while it copies, KVT__DUP_READY once it landed intact, 0 otherwise. */
   uint8_t dup;
+  uint8_t unchecked; /* scanned while its host copy was FILLING: tokens not checked yet */
 } kvt__ref;
 enum { KVT__DUP_LOADING = 1, KVT__DUP_READY = 2 };
 

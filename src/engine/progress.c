@@ -384,7 +384,14 @@ static void follows_land(kvt_cache *c, uint32_t hs, int status) {
 
 static void apply_disk_op(kvt_cache *c, kvt__op *op) {
   kvt__job *jb = op->jb;
-  if (op->status == 0 && (jb->flags & KVT__JF_CANCEL)) op->status = KVT_ECANCELED;
+  if (op->status == 0 && (jb->flags & KVT__JF_CANCEL)) {
+    /* A cancelled prefetch's read that other requests follow lands for
+     * them (the job still reports KVT_ECANCELED). */
+    uint32_t hs = op->slot[KVT__T_HOST];
+    int followed = jb->kind == KVT__JOB_FETCH && c->host_follow && hs < c->cap[KVT__T_HOST] && c->host_follow[hs];
+    if (followed) jb->status = jb->status ? jb->status : KVT_ECANCELED;
+    else op->status = KVT_ECANCELED;
+  }
   if (jb->kind == KVT__JOB_SPILL) spill_done(c, jb, op);
   else if (jb->kind == KVT__JOB_RPUT) kvt__rput_done(c, op);
   else {

@@ -148,6 +148,7 @@ static void scan_prefix(kvt_cache *c, const kvt_key *parent, const kvt_key *keys
     r->entry = e;
     r->tier = (uint8_t)t;
     r->dup = (uint8_t)(dup ? KVT__DUP_LOADING : 0);
+    r->unchecked = en->state[t] != KVT__VALID; /* checked when it lands, or by a re-scan */
     sr->n_dup += (uint32_t)dup;
     r->slot = en->slot[KVT__T_DEV]; /* a device hit's slot; fill_request sets the others' */
     sr->per_tier[t]++;
@@ -285,6 +286,8 @@ static int prefix_moved(kvt_cache *c, uint32_t chunk0, uint32_t n) {
     }
     const kvt__entry *en = kvt__E(c, r->entry);
     if (en->state[r->tier] == KVT__ABSENT) return 1; /* a followed fetch failed */
+    /* Landed while make_room waited: no follow will check its tokens, the re-scan does. */
+    if (r->unchecked && en->state[r->tier] != KVT__FILLING) return 1;
     if (r->dup) { /* a private copy, whatever the device copy in flight does, unless it landed */
       if (en->state[KVT__T_DEV] == KVT__VALID) return 1;
       continue;
