@@ -610,10 +610,12 @@ static void calls_while_a_load_is_in_flight(void **state) {
 }
 
 /* Bug: while request A loads host blocks into device slots, request B for
- * the same blocks sees them VALID on the host (scan_prefix only waits when
- * no tier is valid), loads them a second time into other device slots and
- * repoints the entry at its own slots: A's slots are then never freed.
- * Expected: B waits for A's load (or NOWAIT: KVT_EAGAIN) and shares it. */
+ * the same blocks saw them VALID on the host, loaded them a second time
+ * into other device slots and repointed the entry at its own slots: A's
+ * slots were then never freed. Expected: B neither waits for A's load nor
+ * shares A's slots (a copy still in flight, which could fail): B copies the
+ * host copies into private slots of its own, the entry stays A's, B's
+ * copies are freed at release, and both requests are byte-exact. */
 static void regression_second_acquire_loads_into_a_filling_entry(void **state) {
   fixture f;
   fixture_open(&f, 16, 16);
@@ -622,22 +624,40 @@ static void regression_second_acquire_loads_into_a_filling_entry(void **state) {
   fixture_keys(&f, 8, 4, k, t);
   run_request(&f, k, t, 4, 8);
   fixture_offload(&f, k, 4);
+  fixture_scribble(&f);
   atomic_store(&delay_us, 100000);
   kvt__fault_set(slow_copies, NULL);
   kvt_req r1, r2;
+  kvt_acquire_info info = {.size = sizeof info};
   assert_int_equal(kvt_acquire(f.c, k, t, 4, 4, 0, 0, &r1, s1, NULL), 1);
-  int rc = kvt_acquire(f.c, k, t, 4, 4, 0, 0, &r2, s2, NULL);
+  int rc = kvt_acquire(f.c, k, t, 4, 4, 0, KVT_ACQUIRE_NOWAIT, &r2, s2, &info);
+  int r1_loading = kvt_request_poll(f.c, r1, NULL);
   kvt__fault_set(NULL, NULL);
   atomic_store(&delay_us, 0);
+  assert_int_equal(rc, 1); /* 0 once: B waited for A's load and shared it (KVT_EAGAIN with NOWAIT) */
+  assert_int_equal(r1_loading, 1);
+  assert_int_equal(info.n_restore, 4);
+  assert_int_equal(info.n_loading, 4);
   assert_int_equal(kvt_request_wait(f.c, r1, -1, &ready), 0);
+  assert_int_equal(ready, 4);
   assert_int_equal(kvt_request_wait(f.c, r2, -1, &ready), 0);
+  assert_int_equal(ready, 4);
+  for (int i = 0; i < 4; i++) {
+    for (int j = 0; j < 4; j++) assert_true(s1[i] != s2[j]);
+    assert_true(fixture_check(&f, s1[i], block_seed(8, (uint32_t)i)));
+    assert_true(fixture_check(&f, s2[i], block_seed(8, (uint32_t)i)));
+  }
   assert_int_equal(kvt_release(f.c, r1), 0);
   assert_int_equal(kvt_release(f.c, r2), 0);
   kvt_stats st = {.size = sizeof st};
   assert_int_equal(kvt_get_stats(f.c, &st), 0);
-  assert_int_equal(st.resident_device, 4); /* 8 today: four slots leaked */
-  assert_int_equal(rc, 0);                 /* 1 today: a second load */
-  assert_memory_equal(s1, s2, sizeof s1);
+  assert_int_equal(st.resident_device, 4); /* A's slots, now the entries'; B's went back */
+  kvt_lookup_result lr = fixture_lookup(&f, k, 4);
+  assert_int_equal(lr.n_device, 4);
+  uint32_t s3[4];
+  assert_int_equal(kvt_acquire(f.c, k, t, 4, 4, 0, 0, &r1, s3, NULL), 0); /* device hits: A's slots */
+  assert_memory_equal(s1, s3, sizeof s1);
+  assert_int_equal(kvt_release(f.c, r1), 0);
   fixture_close(&f);
 }
 

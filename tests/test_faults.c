@@ -762,6 +762,433 @@ static void acquire_returns_before_disk_reads(void **state) {
   close_disk(&f);
 }
 
+/* ---- restores that follow another job's copy ---- */
+
+/* kvt_acquire does not wait for another job's copy of a block it restores
+ * either: the load follows that copy. The leader (a kvt_prefetch, or
+ * another request's load) reads the blocks from disk with every read's
+ * completion held back; the follower's acquire still returns 1 at once,
+ * and once the reads land both are byte-exact. A request the leader loads
+ * into its own device slots is never shared while its copies are in
+ * flight: the follower copies into slots of its own, freed at release.
+ * The watchdog opens the gate if kvt_acquire does not return without it
+ * (the code before waited for the leader: ~15 ms per disk read). */
+static void start_watchdog(pthread_t *wd) {
+  atomic_store(&acquire_back, 0);
+  assert_int_equal(pthread_create(wd, NULL, open_gate_if_stuck, NULL), 0);
+}
+
+/* Acquires conversation c while the gate is closed; fails the test if the
+ * call waited for the gate. */
+static void acquire_ungated(fixture *f, world *w, uint32_t c, uint32_t flags, kvt_req *r, uint32_t *slots,
+                            kvt_acquire_info *info) {
+  pthread_t wd;
+  start_watchdog(&wd);
+  int rc = kvt_acquire(f->c, w->k[c], w->t[c], NB, NB, 0, flags, r, slots, info);
+  int held = atomic_load(&gate_closed);
+  atomic_store(&acquire_back, 1);
+  assert_int_equal(pthread_join(wd, NULL), 0);
+  if (!held) fail_msg("kvt_acquire waited until the leader's gated copies completed (rc %d)", rc);
+  assert_int_equal(rc, 1);
+  assert_int_equal(kvt_request_poll(f->c, *r, NULL), 1); /* its loads wait for the leader's */
+}
+
+static void acquire_follows_a_prefetch_in_flight(void **state) {
+  for (int nowait = 0; nowait < 2; nowait++) {
+    fixture f;
+    open_disk(&f, 8, 4, 32, KVT_WRITE_THROUGH);
+    world w;
+    fill(&f, &w);
+    kvt_stats before = fixture_stats(&f);
+    close_gate(KVT_FAULT_IO_DELAY_US);
+    kvt_job j;
+    assert_int_equal(kvt_prefetch(f.c, w.k[0], NB, &j), 1);
+    wait_gate_holds();
+    kvt_req r;
+    uint32_t slots[NB], ready = 9;
+    kvt_acquire_info info = {.size = sizeof info};
+    acquire_ungated(&f, &w, 0, nowait ? KVT_ACQUIRE_NOWAIT : 0, &r, slots, &info);
+    assert_int_equal(info.n_restore, NB);
+    assert_int_equal(info.n_loading, NB);
+    assert_int_equal(info.n_from_disk, 0); /* the prefetch reads them; this load copies them up */
+    assert_int_equal(kvt_request_layer_ready(f.c, r, 0), 1);
+    open_gate();
+    for (uint32_t l = 0; l < FIX_LAYERS; l++) assert_int_equal(kvt_request_wait_layer(f.c, r, l, NULL), 0);
+    assert_int_equal(kvt_request_wait(f.c, r, -1, &ready), 0);
+    assert_int_equal(kvt_job_wait(f.c, j, -1), 0);
+    assert_int_equal(kvt_job_release(f.c, j), 0);
+    assert_true(disarm() >= 1);
+    assert_int_equal(ready, NB);
+    for (uint32_t i = 0; i < NB; i++) assert_true(fixture_check(&f, slots[i], block_seed(0, i)));
+    kvt_stats st = fixture_stats(&f);
+    assert_int_equal(st.blocks_disk2h - before.blocks_disk2h, NB); /* read once, by the prefetch */
+    assert_int_equal(st.hits_host - before.hits_host, NB);
+    assert_int_equal(st.io_errors + st.checksum_failures + st.copy_errors, 0);
+    assert_int_equal(kvt_commit(f.c, r, NB, NULL), 0);
+    assert_int_equal(kvt_release(f.c, r), 0);
+    kvt_lookup_result lr = fixture_lookup(&f, w.k[0], NB);
+    assert_int_equal(lr.n_device, NB); /* the follower's slots hold the blocks now */
+    all_readable(&f, &w);
+    close_disk(&f);
+  }
+}
+
+/* Two requests for the same prefix, from disk (the leader's reads held
+ * back) and from the host (its device copies held back): the second
+ * acquire returns at once, both are byte-exact in slots of their own, and
+ * after both releases the device holds one copy of each block. */
+static void second_request_follows_the_first_load(void **state) {
+  for (int from_host = 0; from_host < 2; from_host++) {
+    fixture f;
+    open_disk(&f, 8, 4, 32, KVT_WRITE_THROUGH);
+    world w;
+    fill(&f, &w);
+    uint32_t c = from_host ? 2 : 0; /* conversation 2 is on the host */
+    assert_int_equal(fixture_lookup(&f, w.k[c], NB).n_host, from_host ? NB : 0);
+    kvt_stats before = fixture_stats(&f);
+    close_gate(from_host ? KVT_FAULT_DEV_DELAY_US : KVT_FAULT_IO_DELAY_US);
+    kvt_req ra, rb;
+    uint32_t sa[NB], sb[NB], ready = 9;
+    kvt_acquire_info info = {.size = sizeof info};
+    assert_int_equal(kvt_acquire(f.c, w.k[c], w.t[c], NB, NB, 0, 0, &ra, sa, &info), 1);
+    assert_int_equal(info.n_from_disk, from_host ? 0 : NB);
+    wait_gate_holds();
+    acquire_ungated(&f, &w, c, 0, &rb, sb, &info);
+    assert_int_equal(info.n_restore, NB);
+    assert_int_equal(info.n_device_hits, 0); /* the leader's slots are not shared while they fill */
+    assert_int_equal(info.n_from_disk, 0);   /* nor are its blocks read twice */
+    assert_int_equal(kvt_request_layer_ready(f.c, rb, FIX_LAYERS - 1), 1);
+    open_gate();
+    for (uint32_t l = 0; l < FIX_LAYERS; l++) {
+      assert_int_equal(kvt_request_wait_layer(f.c, rb, l, NULL), 0);
+      assert_int_equal(kvt_request_layer_ready(f.c, rb, l), 0);
+    }
+    assert_int_equal(kvt_request_wait(f.c, rb, -1, &ready), 0);
+    assert_int_equal(ready, NB);
+    assert_int_equal(kvt_request_wait(f.c, ra, -1, &ready), 0);
+    assert_int_equal(ready, NB);
+    assert_true(disarm() >= 1);
+    for (uint32_t i = 0; i < NB; i++) {
+      for (uint32_t k = 0; k < NB; k++) assert_true(sa[i] != sb[k]);
+      assert_true(fixture_check(&f, sa[i], block_seed(c, i)));
+      assert_true(fixture_check(&f, sb[i], block_seed(c, i)));
+    }
+    kvt_stats st = fixture_stats(&f);
+    assert_int_equal(st.blocks_disk2h - before.blocks_disk2h, from_host ? 0 : NB);
+    assert_int_equal(st.blocks_h2d - before.blocks_h2d, 2 * NB);
+    assert_int_equal(st.resident_device, 2 * NB);
+    assert_int_equal(kvt_commit(f.c, rb, NB, NULL), 0);
+    assert_int_equal(kvt_commit(f.c, ra, NB, NULL), 0);
+    assert_int_equal(kvt_release(f.c, rb), 0);
+    assert_int_equal(kvt_release(f.c, ra), 0);
+    assert_int_equal(kvt_drain(f.c), 0);
+    st = fixture_stats(&f);
+    assert_int_equal(st.resident_device, NB); /* the follower's copies went back */
+    assert_int_equal(st.resident_host, NB);
+    assert_int_equal(st.io_errors + st.checksum_failures + st.copy_errors, 0);
+    kvt_lookup_result lr = fixture_lookup(&f, w.k[c], NB);
+    assert_int_equal(lr.n_device, NB);
+    uint32_t s3[NB];
+    assert_int_equal(kvt_acquire(f.c, w.k[c], w.t[c], NB, NB, 0, 0, &ra, s3, NULL), 0);
+    assert_memory_equal(s3, sa, sizeof sa); /* device hits: the leader's slots */
+    assert_int_equal(kvt_release(f.c, ra), 0);
+    all_readable(&f, &w);
+    close_disk(&f);
+  }
+}
+
+/* No device room for a private copy: the second request waits for the
+ * first one's load (a wait for room, which kvt_acquire keeps) and shares
+ * its slots, rather than fail with KVT_ENOSPACE; with NOWAIT it returns
+ * KVT_EAGAIN. (As the code before following did.) */
+static void *open_gate_soon(void *arg) {
+  (void)arg;
+  usleep(50000);
+  open_gate();
+  return NULL;
+}
+
+static void no_room_for_a_private_copy_shares_after_waiting(void **state) {
+  fixture f;
+  open_disk(&f, 8, 4, 32, KVT_WRITE_THROUGH);
+  world w;
+  fill(&f, &w);
+  close_gate(KVT_FAULT_DEV_DELAY_US);
+  kvt_req ra, rb;
+  uint32_t sa[NB], sb[NB + 1], ready = 9;
+  assert_int_equal(kvt_acquire(f.c, w.k[2], w.t[2], NB, NB, 0, 0, &ra, sa, NULL), 1);
+  wait_gate_holds();
+  /* Four private copies and an extra slot: 5 slots, 4 free, none evictable. */
+  assert_int_equal(kvt_acquire(f.c, w.k[2], w.t[2], NB, NB, 1, KVT_ACQUIRE_NOWAIT, &rb, sb, NULL), KVT_EAGAIN);
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, open_gate_soon, NULL), 0);
+  kvt_acquire_info info = {.size = sizeof info};
+  assert_int_equal(kvt_acquire(f.c, w.k[2], w.t[2], NB, NB, 1, 0, &rb, sb, &info), 0);
+  assert_int_equal(pthread_join(th, NULL), 0);
+  assert_true(disarm() >= 1);
+  assert_int_equal(info.n_device_hits, NB);
+  assert_memory_equal(sb, sa, sizeof sa);
+  assert_int_equal(kvt_request_wait(f.c, ra, -1, &ready), 0);
+  assert_int_equal(ready, NB);
+  for (uint32_t i = 0; i < NB; i++) assert_true(fixture_check(&f, sa[i], block_seed(2, i)));
+  assert_int_equal(kvt_release(f.c, rb), 0);
+  assert_int_equal(kvt_release(f.c, ra), 0);
+  all_readable(&f, &w);
+  close_disk(&f);
+}
+
+/* The followed fetch fails (an injected read error or short read, or a
+ * record corrupt on the medium): the follower's ready prefix stops before
+ * that block (FAILED, the rest COMPUTE), nothing before it is wrong, its
+ * slots from there on are its own (the device holds no copy of them), and
+ * what it then computes and commits restores exact. Leaders: a prefetch,
+ * and another request's load (which fails at the same block). */
+static int corrupt_records(const char *path, const kvt_key *keys, uint32_t n, size_t off_in_record);
+static atomic_int follow_fail_left;
+static atomic_int follow_fail_value;
+
+static int follow_fail_hook(void *ctx, int site, int64_t arg) {
+  if (site == KVT_FAULT_IO_COMPLETE && arg > 0 && atomic_fetch_sub(&follow_fail_left, 1) > 0)
+    return atomic_load(&follow_fail_value);
+  return hook(ctx, site, arg); /* the gate */
+}
+
+static void followed_fetch_failure_fails_the_follower(void **state) {
+  int values[3] = {-EIO, 4096 /* short read */, 0 /* block 1 corrupt on disk */};
+  for (int v = 0; v < 3; v++) {
+    for (int leader_req = 0; leader_req < 2; leader_req++) {
+      fixture f;
+      open_disk(&f, 8, 4, 32, KVT_WRITE_THROUGH);
+      world w;
+      fill(&f, &w);
+      if (!values[v]) assert_int_equal(corrupt_records(disk_path, &w.k[0][1], 1, kvt__record_prefix_bytes(BT) + 100), 1);
+      kvt_stats before = fixture_stats(&f);
+      close_gate(KVT_FAULT_IO_DELAY_US);
+      atomic_store(&follow_fail_value, values[v]);
+      atomic_store(&follow_fail_left, values[v] ? 1 : 0);
+      kvt__fault_set(follow_fail_hook, NULL);
+      kvt_job j = 0;
+      kvt_req ra = 0, rb;
+      uint32_t sa[NB], sb[NB], ready_a = 9, ready_b = 9;
+      if (leader_req) assert_int_equal(kvt_acquire(f.c, w.k[0], w.t[0], NB, NB, 0, 0, &ra, sa, NULL), 1);
+      else assert_int_equal(kvt_prefetch(f.c, w.k[0], NB, &j), 1);
+      wait_gate_holds();
+      kvt_acquire_info info = {.size = sizeof info};
+      acquire_ungated(&f, &w, 0, 0, &rb, sb, &info);
+      assert_int_equal(info.n_restore, NB);
+      open_gate();
+      assert_int_equal(kvt_request_wait(f.c, rb, -1, &ready_b), 0);
+      if (leader_req) {
+        assert_int_equal(kvt_request_wait(f.c, ra, -1, &ready_a), 0);
+        assert_int_equal(ready_a, ready_b); /* the same block failed for both */
+      } else {
+        assert_true(kvt_job_wait(f.c, j, -1) < 0);
+        assert_int_equal(kvt_job_release(f.c, j), 0);
+      }
+      disarm();
+      assert_int_equal(atomic_load(&follow_fail_left) <= 0, 1);
+      if (ready_b >= NB) fail_msg("value %d leader %d: the follower restored all %u blocks", values[v], leader_req, ready_b);
+      if (!values[v]) assert_int_equal(ready_b, 1);
+      uint8_t states[NB];
+      assert_int_equal(kvt_request_block_states(f.c, rb, states, NB), 0);
+      for (uint32_t i = 0; i < NB; i++)
+        assert_int_equal(states[i], i < ready_b ? KVT_BLOCK_READY : i == ready_b ? KVT_BLOCK_FAILED : KVT_BLOCK_COMPUTE);
+      for (uint32_t i = 0; i < ready_b; i++) assert_true(fixture_check(&f, sb[i], block_seed(0, i)));
+      /* No device copy from the failed block on: nobody else reads the slots
+       * the follower (and the leader) now compute into. */
+      assert_int_equal(fixture_lookup(&f, w.k[0], NB).n_device, ready_b);
+      kvt_stats st = fixture_stats(&f);
+      assert_int_equal(st.io_errors - before.io_errors + st.checksum_failures - before.checksum_failures, 1);
+      assert_int_equal(st.copy_errors, 0);
+      for (uint32_t i = ready_b; i < NB; i++) fixture_write(&f, sb[i], block_seed(0, i));
+      if (leader_req)
+        for (uint32_t i = ready_a; i < NB; i++) {
+          for (uint32_t k = 0; k < NB; k++) assert_true(sa[i] != sb[k]);
+          fixture_write(&f, sa[i], block_seed(0, i));
+        }
+      assert_int_equal(kvt_commit(f.c, rb, NB, NULL), 0);
+      assert_int_equal(kvt_release(f.c, rb), 0);
+      if (leader_req) {
+        assert_int_equal(kvt_commit(f.c, ra, NB, NULL), 0);
+        assert_int_equal(kvt_release(f.c, ra), 0);
+      }
+      assert_int_equal(fixture_lookup(&f, w.k[0], NB).n_device, NB);
+      assert_int_equal(restore(&f, &w, 0), NB);
+      all_readable(&f, &w);
+      close_disk(&f);
+    }
+  }
+}
+
+/* ---- restores that follow another job's copy: the edges ---- */
+
+/* A block acquire scanned while a prefetch was fetching it into the host
+ * has its tokens checked when the fetch lands. If the fetch lands while
+ * acquire waits for device room, the request no longer follows it: the
+ * scan runs again and checks the tokens there. A request whose tokens
+ * differ from the stored block's must not get the stored block as ready. */
+static void followed_fetch_landing_during_a_room_wait_still_checks_tokens(void **state) {
+  fixture f;
+  open_disk(&f, 8, 4, 32, KVT_WRITE_BACK);
+  world w;
+  fill(&f, &w); /* conv 0, 1 on disk; conv 2 on the host */
+  /* Four device blocks with no host copy, unpinned (write-back: no store at commit). */
+  kvt_key k3[NB];
+  uint32_t t3[NB * BT];
+  fixture_keys(&f, 3, NB, k3, t3);
+  assert_int_equal(run_request(&f, k3, t3, NB, 3), 0);
+  /* Make host room for the prefetch first (spills conv 2), ungated. */
+  kvt_job j;
+  int prc = kvt_prefetch(f.c, w.k[0], NB, &j);
+  if (prc == KVT_EAGAIN) {
+    assert_int_equal(kvt_drain(f.c), 0);
+    close_gate(KVT_FAULT_IO_DELAY_US);
+    prc = kvt_prefetch(f.c, w.k[0], NB, &j);
+  } else {
+    fail_msg("expected the first prefetch to need room (rc %d)", prc);
+  }
+  assert_int_equal(prc, 1);
+  wait_gate_holds();
+  /* B: conv 0's keys with conv 1's tokens (a different block for the same key). */
+  kvt_stats before = fixture_stats(&f);
+  kvt_req rb;
+  uint32_t sb[NB + 1], ready = 9;
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, open_gate_soon, NULL), 0);
+  int rc = kvt_acquire(f.c, w.k[0], w.t[1], NB, NB, 1, 0, &rb, sb, NULL); /* waits for device room */
+  assert_int_equal(pthread_join(th, NULL), 0);
+  disarm();
+  assert_true(rc == 0 || rc == 1);
+  assert_int_equal(kvt_request_wait(f.c, rb, -1, &ready), 0);
+  assert_int_equal(kvt_job_wait(f.c, j, -1), 0);
+  assert_int_equal(kvt_job_release(f.c, j), 0);
+  kvt_stats st = fixture_stats(&f);
+  assert_true(st.verify_mismatches > before.verify_mismatches); /* the re-scan checked them */
+  int wrong = 0;
+  for (uint32_t i = 0; i < ready && i < NB; i++) wrong += fixture_check(&f, sb[i], block_seed(0, i));
+  if (ready > 0)
+    fail_msg("%u block(s) reported ready for tokens that differ from the stored block's (%d hold conv 0's KV)", ready, wrong);
+  for (uint32_t i = 0; i < NB; i++) fixture_write(&f, sb[i], block_seed(1, i));
+  assert_int_equal(kvt_release(f.c, rb), 0);
+  close_disk(&f);
+}
+
+/* Cancelling a prefetch does not fail another request's restore that
+ * follows it: the fetch lands for the follower (the prefetch's handle
+ * still reports the cancel). */
+static void cancelled_prefetch_still_lands_for_its_followers(void **state) {
+  fixture f;
+  open_disk(&f, 8, 4, 32, KVT_WRITE_THROUGH);
+  world w;
+  fill(&f, &w);
+  close_gate(KVT_FAULT_IO_DELAY_US);
+  kvt_job j;
+  assert_int_equal(kvt_prefetch(f.c, w.k[0], NB, &j), 1);
+  wait_gate_holds();
+  kvt_req rb;
+  uint32_t sb[NB], ready = 9;
+  assert_int_equal(kvt_acquire(f.c, w.k[0], w.t[0], NB, NB, 0, 0, &rb, sb, NULL), 1);
+  assert_int_equal(kvt_job_cancel(f.c, j), 0);
+  open_gate();
+  assert_int_equal(kvt_request_wait(f.c, rb, -1, &ready), 0);
+  kvt_job_wait(f.c, j, -1);
+  assert_int_equal(kvt_job_release(f.c, j), 0);
+  disarm();
+  uint8_t states[NB];
+  assert_int_equal(kvt_request_block_states(f.c, rb, states, NB), 0);
+  assert_int_equal(states[0], ready ? KVT_BLOCK_READY : KVT_BLOCK_FAILED);
+  for (uint32_t i = 0; i < ready; i++) assert_true(fixture_check(&f, sb[i], block_seed(0, i)));
+  for (uint32_t i = ready; i < NB; i++) fixture_write(&f, sb[i], block_seed(0, i));
+  assert_int_equal(kvt_commit(f.c, rb, NB, NULL), 0);
+  assert_int_equal(kvt_release(f.c, rb), 0);
+  int lost = ready < NB;
+  all_readable(&f, &w);
+  close_disk(&f);
+  if (lost) fail_msg("another user's kvt_job_cancel turned %u intact disk hits of this request into FAILED", NB - ready);
+}
+
+/* The prefetch's handle is released (or not) before its reads land, and
+ * the cache is closed with a follower and a private-copy follower still
+ * acquired, their loads in flight (the gate opens from another thread):
+ * no hang, no leak or use-after-free (ASan). */
+static void close_with_followers_in_flight(void **state) {
+  for (int release_handle = 0; release_handle < 2; release_handle++) {
+    fixture f;
+    open_disk(&f, 8, 4, 32, KVT_WRITE_THROUGH);
+    world w;
+    fill(&f, &w);
+    close_gate(KVT_FAULT_IO_DELAY_US);
+    kvt_job j;
+    assert_int_equal(kvt_prefetch(f.c, w.k[0], NB, &j), 1);
+    wait_gate_holds();
+    kvt_req rb, rc2;
+    uint32_t sb[NB], sc[NB];
+    assert_int_equal(kvt_acquire(f.c, w.k[0], w.t[0], NB, NB, 0, KVT_ACQUIRE_NOWAIT, &rb, sb, NULL), 1);
+    /* and a dup follower behind rb's device copies */
+    assert_int_equal(kvt_acquire(f.c, w.k[0], w.t[0], NB, NB, 0, KVT_ACQUIRE_NOWAIT, &rc2, sc, NULL), 1);
+    if (release_handle) assert_int_equal(kvt_job_release(f.c, j), 0);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, open_gate_soon, NULL), 0);
+    kvt_close(f.c); /* drains */
+    f.c = NULL;
+    assert_int_equal(pthread_join(th, NULL), 0);
+    disarm();
+    close_disk(&f);
+  }
+}
+
+/* A request and a private-copy follower both copy from the host; exactly
+ * one of the two device copies fails (which one is up to the workers). The
+ * other is ready and exact, slots are never shared, the failed one
+ * computes into slots of its own, and after commits and releases the
+ * device holds one exact copy. */
+static atomic_int one_copy_fail_left;
+static int one_copy_fails_hook(void *ctx, int site, int64_t arg) {
+  if (site == KVT_FAULT_DEV_COMPLETE && arg == KVT_XFER_H2D && atomic_fetch_sub(&one_copy_fail_left, 1) > 0) return -EIO;
+  return hook(ctx, site, arg);
+}
+
+static void one_of_two_device_copies_fails(void **state) {
+  for (int round = 0; round < 6; round++) {
+    fixture f;
+    open_disk(&f, 8, 4, 32, KVT_WRITE_THROUGH);
+    world w;
+    fill(&f, &w);
+    close_gate(KVT_FAULT_DEV_DELAY_US);
+    atomic_store(&one_copy_fail_left, 1);
+    kvt__fault_set(one_copy_fails_hook, NULL);
+    kvt_req ra, rb;
+    uint32_t sa[NB], sb[NB], na = 9, nb = 9;
+    kvt_acquire_info ia = {.size = sizeof ia}, ib = {.size = sizeof ib};
+    assert_int_equal(kvt_acquire(f.c, w.k[2], w.t[2], NB, NB, 0, 0, &ra, sa, &ia), 1);
+    wait_gate_holds();
+    assert_int_equal(kvt_acquire(f.c, w.k[2], w.t[2], NB, NB, 0, KVT_ACQUIRE_NOWAIT, &rb, sb, &ib), 1);
+    assert_int_equal(ib.n_device_hits, 0);
+    open_gate();
+    assert_int_equal(kvt_request_wait(f.c, ra, -1, &na), 0);
+    assert_int_equal(kvt_request_wait(f.c, rb, -1, &nb), 0);
+    disarm();
+    kvt__fault_set(NULL, NULL);
+    if (!((na == NB && nb == 0) || (na == 0 && nb == NB))) fail_msg("ready: first request %u, follower %u", na, nb);
+    for (uint32_t i = 0; i < NB; i++)
+      for (uint32_t k = 0; k < NB; k++) assert_true(sa[i] != sb[k]);
+    for (uint32_t i = 0; i < na; i++) assert_true(fixture_check(&f, sa[i], block_seed(2, i)));
+    for (uint32_t i = 0; i < nb; i++) assert_true(fixture_check(&f, sb[i], block_seed(2, i)));
+    assert_int_equal(fixture_lookup(&f, w.k[2], NB).n_device, na); /* a dup never becomes the device copy before commit */
+    for (uint32_t i = na; i < NB; i++) fixture_write(&f, sa[i], block_seed(2, i));
+    for (uint32_t i = nb; i < NB; i++) fixture_write(&f, sb[i], block_seed(2, i));
+    assert_int_equal(kvt_commit(f.c, rb, NB, NULL), 0);
+    assert_int_equal(kvt_commit(f.c, ra, NB, NULL), 0);
+    assert_int_equal(kvt_release(f.c, rb), 0);
+    assert_int_equal(kvt_release(f.c, ra), 0);
+    assert_int_equal(kvt_drain(f.c), 0);
+    assert_int_equal(fixture_stats(&f).resident_device, NB);
+    assert_int_equal(restore(&f, &w, 2), NB);
+    all_readable(&f, &w);
+    close_disk(&f);
+  }
+}
+
 /* Write-through spills wait for free disk ops off the device's completion
  * thread: with one copy worker, one disk op, and disk completions held
  * back, a restore from the host still completes (its copy's completion is
@@ -1168,6 +1595,14 @@ int main(void) {
       cmocka_unit_test(prefetch_read_failure),
       cmocka_unit_test(slow_disk_completions),
       cmocka_unit_test(acquire_returns_before_disk_reads),
+      cmocka_unit_test(acquire_follows_a_prefetch_in_flight),
+      cmocka_unit_test(second_request_follows_the_first_load),
+      cmocka_unit_test(no_room_for_a_private_copy_shares_after_waiting),
+      cmocka_unit_test(followed_fetch_failure_fails_the_follower),
+      cmocka_unit_test(followed_fetch_landing_during_a_room_wait_still_checks_tokens),
+      cmocka_unit_test(cancelled_prefetch_still_lands_for_its_followers),
+      cmocka_unit_test(close_with_followers_in_flight),
+      cmocka_unit_test(one_of_two_device_copies_fails),
       cmocka_unit_test(spills_never_stall_device_completions),
       cmocka_unit_test(store_op_delay_never_stalls_device_completions),
       cmocka_unit_test(disk_restore_streams_device_copies),

@@ -19,11 +19,12 @@
  *    blocks) bookkeeping, never across a copy or an I/O. Exceptions: kvt_open,
  *    kvt_register_layout and kvt_close must not race other calls on the same
  *    cache. Functions marked "may block" wait for copies or I/O;
- *    kvt_acquire and kvt_prefetch never wait for their own disk reads
- *    (kvt_acquire does wait when a block it would restore is already being
- *    copied into a faster tier by another request's load or a prefetch: it
- *    takes that copy rather than read the block twice; KVT_ACQUIRE_NOWAIT
- *    makes it return KVT_EAGAIN instead) (with a remote
+ *    kvt_acquire and kvt_prefetch never wait for disk reads, their own or
+ *    another job's (a block another request's load or a prefetch is
+ *    already copying into a faster tier is restored by following that
+ *    copy, never by waiting for it), except that kvt_acquire without
+ *    KVT_ACQUIRE_NOWAIT may wait for room: for evictions, which may wait
+ *    for transfers in flight (with a remote
  *    tier, lookups, plans, kvt_acquire, kvt_prefetch and storage mode's
  *    exists and get wait for existence round trips to the server, one per
  *    256 blocks after the local prefix, each wait, queueing behind the
@@ -488,13 +489,13 @@ typedef struct kvt_acquire_info {
   uint32_t n_restore;    /* blocks [0, n_restore) hold cached KV once loaded */
   uint32_t n_device_hits;/* of which already on the device (no copy) */
   uint32_t n_loading;    /* of which copied from host or disk */
-  uint32_t n_from_disk;  /* of which fetched from disk first */
+  uint32_t n_from_disk;  /* of which fetched from disk first (by this request: blocks
+                            another job is fetching count as host blocks) */
   uint32_t n_from_remote;/* appended: of which fetched from the remote tier first */
 } kvt_acquire_info;
 #define KVT_ACQUIRE_INFO_SIZE_V1 (offsetof(kvt_acquire_info, n_from_disk) + sizeof(uint32_t))
 
-#define KVT_ACQUIRE_NOWAIT 0x1u /* KVT_EAGAIN instead of waiting for evictions, or for
-                                  another job's copy of a block it would restore */
+#define KVT_ACQUIRE_NOWAIT 0x1u /* KVT_EAGAIN instead of waiting for room (evictions, a free job) */
 
 /* Gives a request device slots for n_blocks keyed blocks plus extra_slots
  * more (partial block, decode). The first `restore` keyed blocks are
@@ -507,7 +508,17 @@ typedef struct kvt_acquire_info {
  * May block while evicted blocks are copied down (never with NOWAIT); never
  * waits for disk reads: blocks restored from disk are read by kvtier's
  * progress thread, in batches, after the call has returned 1, and their
- * device copies start chunk by chunk as the reads land.
+ * device copies start chunk by chunk as the reads land. Nor for another
+ * job's copy of a block it restores: a block a prefetch or another
+ * request's load is fetching into the host is not read twice, its device
+ * copy starts when that fetch lands (if the fetch fails, the block fails
+ * here too: n_ready stops before it); a block another request is copying
+ * into its own device slot is copied again, from the host, into a slot of
+ * this request's own (that slot is not shared: if the other copy failed,
+ * both requests would compute into it), freed at kvt_release. Both return 1
+ * at once (unless the device has no room for the private copy: that is a
+ * wait for room, for the other load among others, after which the call
+ * shares its slots).
  * With a remote tier, the keys of the restore range after the local chain
  * are asked of the remote first (one round trip, bounded by
  * remote_timeout_ms, none for a key found absent lately); the remote hits
@@ -518,7 +529,8 @@ typedef struct kvt_acquire_info {
  * on the way up when there is a disk tier.
  * Returns 0 (nothing to load), 1 (loads in flight: kvt_request_wait), or
  * KVT_ENOSPACE when the device tier cannot free enough unpinned slots now;
- * KVT_EAGAIN with KVT_ACQUIRE_NOWAIT where it would wait; -E2BIG when
+ * KVT_EAGAIN with KVT_ACQUIRE_NOWAIT where it would wait for evictions (or
+ * for a free job while every job is busy); -E2BIG when
  * n_blocks + extra_slots exceeds the device slots or max_job_blocks (it can
  * never fit: split the request); -EINVAL for bad arguments or unknown flags. */
 KVT_API int kvt_acquire(kvt_cache *c, const kvt_key *keys, const uint32_t *tokens, size_t n_blocks,
@@ -630,9 +642,10 @@ KVT_API int kvt_job_wait(kvt_cache *c, kvt_job job, int64_t timeout_ns);
 /* Cancels a job of kvt_store or kvt_prefetch. Copies already under way
  * finish, but what they did is discarded: the blocks stay where they were
  * (a cancelled store leaves no host copy and keeps the device copy, a
- * cancelled prefetch leaves the block on disk) and the job reports
- * KVT_ECANCELED; release it as usual. A finished job is not undone.
- * Returns 0 or KVT_ENOJOB. */
+ * cancelled prefetch leaves the block on disk, except a block another
+ * request's restore is following: that fetch lands in the host for it)
+ * and the job reports KVT_ECANCELED; release it as usual. A finished job
+ * is not undone. Returns 0 or KVT_ENOJOB. */
 KVT_API int kvt_job_cancel(kvt_cache *c, kvt_job job);
 /* Every job handle must be released once. Releasing an unfinished job
  * detaches it: it completes on its own and frees itself. */
@@ -920,6 +933,7 @@ KVT_API int kvt_metrics_write(kvt_cache *c, int format, char *buf, size_t *len);
  * factor 1/2) and 4 bytes of free-slot stack; kvtier-bench micro measures
  * it. Besides, per cache: a real (not metadata-only) layout keeps the token
  * ids of each device slot (block_tokens x 4 + 1 bytes per device slot);
+ * each host slot has 8 bytes for the restores that follow a fetch into it;
  * jobs take max_job_blocks x 60 bytes each ((max_jobs + 2) of them);
  * requests and their block references (32 bytes each, allocated when live
  * references pass their previous peak) take the rest. kvt_stats's

@@ -279,6 +279,10 @@ static int alloc_tables(kvt_cache *c) {
     c->dev_has_tokens = calloc(n, 1);
     if (!c->dev_tokens || !c->dev_has_tokens) return -ENOMEM;
   }
+  if (c->cap[KVT__T_HOST]) { /* restores that follow another job's fetch into a host slot */
+    c->host_follow = calloc(c->cap[KVT__T_HOST], sizeof *c->host_follow);
+    if (!c->host_follow) return -ENOMEM;
+  }
   c->reqs = calloc(c->cfg.max_requests, sizeof *c->reqs);
   c->req_free = calloc(c->cfg.max_requests, sizeof *c->req_free);
   c->scratch_tiers = calloc(m, 1);
@@ -458,6 +462,7 @@ void kvt_close(kvt_cache *c) {
   for (int t = 0; t < KVT__NTIERS; t++) kvt__slots_free(&c->slots[t]);
   free(c->dev_tokens);
   free(c->dev_has_tokens);
+  free(c->host_follow);
   free(c->reqs);
   free(c->req_free);
   kvt__refs_fini(c);
@@ -520,10 +525,12 @@ int kvt_keys_from_opaque(const kvt_cache *c, const void *opaque, size_t key_byte
 }
 
 /* Everything allocated for bookkeeping (lock held): the tier map and its
- * free-slot stacks, device-slot tokens, jobs, handles, requests and their refs. */
+ * free-slot stacks, device-slot tokens, the host slots' follower lists,
+ * jobs, handles, requests and their refs. */
 static size_t metadata_bytes(const kvt_cache *c) {
   size_t b = kvt__index_bytes(&c->map), m = c->cfg.max_job_blocks;
   for (int t = 0; t < KVT__NTIERS; t++) b += (size_t)c->slots[t].capacity * sizeof(uint32_t);
+  if (c->host_follow) b += (size_t)c->cap[KVT__T_HOST] * sizeof(kvt__op *);
   if (c->dev_tokens) b += (size_t)c->cap[KVT__T_DEV] * (c->bt * sizeof(uint32_t) + 1);
   b += (size_t)c->n_jobs * (sizeof(kvt__job) + (c->progq ? 5 : 2) * sizeof(uint32_t) +
                             m * (sizeof(kvt__op) + sizeof(uint32_t) + sizeof(void *)));

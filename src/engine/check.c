@@ -1,7 +1,7 @@
 /* Invariant check of the tier map, for tests: every slot of every tier is
  * exactly one of free, held by an entry, or (device) private to a request;
  * LRU membership follows the rule; with nothing in flight nothing is pinned
- * but by requests. */
+ * but by requests, and no load follows another job's fetch. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -66,6 +66,8 @@ int kvt__check_invariants(kvt_cache *c, char *msg, size_t len) {
   }
   for (int t = 0; rc == 0 && idle && t < KVT__NTIERS; t++)
     if (c->freeing[t]) rc = fail(msg, len, "freeing count while idle", (uint64_t)t, c->freeing[t]);
+  for (uint64_t s = 0; rc == 0 && idle && c->host_follow && s < c->cap[KVT__T_HOST]; s++)
+    if (c->host_follow[s]) rc = fail(msg, len, "a load follows a host fetch while idle", s, 0);
   pthread_mutex_unlock(&c->lock);
   return rc;
 }

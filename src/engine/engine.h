@@ -42,7 +42,12 @@ struct kvt__job;
 
 typedef struct kvt__op {
   struct kvt__job *jb;
-  struct kvt__op *cq_next; /* the completion queue's link while posted */
+  /* A disk op: the completion queue's link while posted. A follow op (never
+   * posted) waits in the list of its host slot's fill (c->host_follow). */
+  union {
+    struct kvt__op *cq_next;
+    struct kvt__op *follow_next;
+  };
   uint32_t entry;
   uint32_t slot[KVT__NTIERS]; /* slots involved, per tier (KVT__NONE if not) */
   uint32_t ref;       /* request ref index (loads), else KVT__NONE */
@@ -51,6 +56,13 @@ typedef struct kvt__op {
   uint8_t landed;     /* request loads: on the host (read over, or a host hit); status says how */
   uint8_t remote;     /* its I/O is with the remote tier (a get for loads and fetches, a put for RPUT) */
   uint8_t evict;      /* RPUT: the host copy leaves once the put is over (counted in freeing) */
+  /* Request loads: follow: its host copy is being fetched by another job
+   * (a prefetch, another request's load): it lands when that fetch does.
+   * dup: the entry's device copy is another request's load, not to be
+   * shared: this op copies the host copy into the request's private slot
+   * (the ref's dup says how that went; the entry's device state is not
+   * touched). */
+  uint8_t follow, dup;
   uint64_t tok_sum;   /* XXH3_64 of the request's tokens, 0 = unknown (fetch verify) */
 } kvt__op;
 
@@ -63,6 +75,7 @@ typedef struct kvt__job {
   uint32_t flags;
   int status;
   uint32_t n_ops, n_fetch; /* LOAD_AFTER: n_fetch of the ops are fetched first */
+  uint32_t following;      /* loads: follow ops whose host fill has not landed yet */
   uint32_t pending;        /* outstanding disk ops of the current phase */
   uint32_t req;            /* owning request while loading, or KVT__NONE */
   uint32_t holders;        /* layer queries using xfer outside the lock (loads) */
@@ -121,7 +134,13 @@ typedef struct kvt__ref {
   uint32_t slot;  /* device slot */
   uint8_t tier;   /* restored blocks: the tier it is restored from */
   uint8_t failed; /* its load failed (kvt_request_block_states) */
+  /* A private copy of a block another request is loading into its own
+   * device slot (entry is NONE once the request is built): KVT__DUP_LOADING
+   * while it copies, KVT__DUP_READY once it landed intact, 0 otherwise. */
+  uint8_t dup;
+  uint8_t unchecked; /* scanned while its host copy was FILLING: tokens not checked yet */
 } kvt__ref;
+enum { KVT__DUP_LOADING = 1, KVT__DUP_READY = 2 };
 
 /* Refs come in chunks (refs.c); a ref id is chunk * KVT__REF_CHUNK + offset. */
 #define KVT__REF_CHUNK 32u
@@ -168,6 +187,9 @@ struct kvt_cache {
   kvt__disk *disk;
   const void *disk_bufs[1]; /* the host pool, registered with the disk backend (kept: the store refers to it) */
   size_t disk_buf_lens[1];
+  /* Per host slot, while another job fetches into it: the request loads
+   * that follow that fetch (follow ops, linked by follow_next), or NULL. */
+  kvt__op **host_follow;
   uint32_t *dev_tokens;   /* block_tokens ids per device slot */
   uint8_t *dev_has_tokens;
 

@@ -113,7 +113,7 @@ uint32_t kvt__job_new(kvt_cache *c, int kind, uint32_t flags) {
   jb->submitted = 0;
   jb->flags = flags;
   jb->status = 0;
-  jb->n_ops = jb->n_fetch = jb->pending = 0;
+  jb->n_ops = jb->n_fetch = jb->pending = jb->following = 0;
   jb->req = KVT__NONE;
   jb->handle = KVT__NONE;
   jb->bytes = 0;
@@ -343,6 +343,7 @@ void kvt__job_disk_start(kvt_cache *c, kvt__job *jb) {
     uint32_t n = 0, n_remote = 0;
     for (uint32_t i = 0; i < jb->n_ops; i++) {
       kvt__op *op = &jb->ops[i];
+      if (op->follow) continue; /* lands with the fetch it follows (progress.c) */
       int disk = jb->kind != KVT__JOB_LOAD || op->from_disk;
       n += disk;
       n_remote += disk && op->remote;

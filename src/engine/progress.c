@@ -26,12 +26,20 @@ static kvt__ref *op_ref(kvt_cache *c, const kvt__job *jb, const kvt__op *op) {
 }
 
 /* The request gives up its claim on the entry; its slot becomes private
- * and the block, counted as a hit at acquire, becomes a miss. */
+ * and the block, counted as a hit at acquire, becomes a miss. A private
+ * copy (dup) had no claim on the entry's device copy: it stops being one.
+ * Its entry may be gone by then (its fetch failed, and the request that
+ * loaded it dropped it), so nothing here reads it. */
 static void ref_go_private(kvt_cache *c, kvt__job *jb, kvt__op *op) {
   kvt__ref *r = op_ref(c, jb, op);
-  if (r && r->entry == op->entry) {
-    kvt__index_unpin(&c->map, op->entry, KVT__T_DEV);
-    r->entry = KVT__NONE;
+  int claimed = r && (op->dup ? r->dup == KVT__DUP_LOADING : r->entry == op->entry);
+  if (claimed) {
+    if (op->dup) {
+      r->dup = 0;
+    } else {
+      kvt__index_unpin(&c->map, op->entry, KVT__T_DEV);
+      r->entry = KVT__NONE;
+    }
     r->failed = op->status != 0; /* else cancelled behind an earlier failure */
     if (op->remote) c->st.hits_remote--;
     else if (op->from_disk) c->st.hits_disk--;
@@ -73,7 +81,9 @@ static void load_done(kvt_cache *c, kvt__job *jb, kvt__op *op) {
   uint32_t e = op->entry;
   kvt__index_unpin(&c->map, e, KVT__T_HOST);
   if (op->status == 0) {
-    kvt__index_set_state(&c->map, e, KVT__T_DEV, KVT__VALID, op->slot[KVT__T_DEV]);
+    kvt__ref *r = op_ref(c, jb, op);
+    if (!op->dup) kvt__index_set_state(&c->map, e, KVT__T_DEV, KVT__VALID, op->slot[KVT__T_DEV]);
+    else if (r) r->dup = KVT__DUP_READY; /* the request's private copy; the entry is untouched */
     if (!c->metadata_only) { /* the device copy keeps its tokens for later stores */
       void *rec = kvt__host_slot(&c->host, op->slot[KVT__T_HOST]);
       uint32_t ds = op->slot[KVT__T_DEV];
@@ -85,7 +95,7 @@ static void load_done(kvt_cache *c, kvt__job *jb, kvt__op *op) {
     KVT__M_ADD(c, hit_blocks[op->remote ? KVT__T_REMOTE : op->from_disk ? KVT__T_DISK : KVT__T_HOST], 1);
     c->st.bytes_h2d += c->block_bytes;
   } else {
-    kvt__index_set_state(&c->map, e, KVT__T_DEV, KVT__ABSENT, 0);
+    if (!op->dup) kvt__index_set_state(&c->map, e, KVT__T_DEV, KVT__ABSENT, 0);
     ref_go_private(c, jb, op);
     c->st.copy_errors++;
     kvt__event_note(c, KVT__EV_COPY, op->status, UINT64_MAX);
@@ -181,6 +191,17 @@ static void fetch_done(kvt_cache *c, kvt__job *jb, kvt__op *op) {
   if (!(jb->flags & KVT__JF_LOAD_AFTER)) kvt__maybe_remove(c, e);
 }
 
+/* A load op behind the first failure of its restore: the request computes
+ * the block into its slot, now its own. A read that failed gave its host
+ * pin back already (fetch_done, or the fetch it followed); a private copy
+ * leaves the entry alone (it may be gone). */
+static void give_up_load(kvt_cache *c, kvt__job *jb, kvt__op *op) {
+  if (op->status == 0) kvt__index_unpin(&c->map, op->entry, KVT__T_HOST);
+  if (!op->dup) kvt__index_set_state(&c->map, op->entry, KVT__T_DEV, KVT__ABSENT, 0);
+  ref_go_private(c, jb, op);
+  if (!op->dup) kvt__maybe_remove(c, op->entry);
+}
+
 /* After the fetch phase of a request load: loads go ahead for the leading
  * blocks now on the host; from the first failed read on the request
  * recomputes, so the rest of its loads are cancelled. Returns ops kept. */
@@ -193,13 +214,7 @@ static uint32_t cut_loads_at_first_failure(kvt_cache *c, kvt__job *jb) {
       keep = i;
       break;
     }
-  for (uint32_t i = keep; i < jb->n_ops; i++) {
-    kvt__op *op = &jb->ops[i];
-    if (op->status == 0) kvt__index_unpin(&c->map, op->entry, KVT__T_HOST);
-    kvt__index_set_state(&c->map, op->entry, KVT__T_DEV, KVT__ABSENT, 0);
-    ref_go_private(c, jb, op);
-    kvt__maybe_remove(c, op->entry);
-  }
+  for (uint32_t i = keep; i < jb->n_ops; i++) give_up_load(c, jb, &jb->ops[i]);
   if (keep < jb->n_ops && !jb->status) jb->status = jb->ops[keep].status;
   jb->n_ops = keep;
   return keep;
@@ -314,14 +329,8 @@ static void load_finish(kvt_cache *c, kvt__job *jb) {
   for (uint32_t i = 0; i < jb->n_ops; i++) {
     kvt__op *op = &jb->ops[i];
     if (op->status == 0 && (jb->flags & KVT__JF_CANCEL)) op->status = KVT_ECANCELED;
-    if (!failed || op->status != 0) {
-      load_done(c, jb, op);
-    } else { /* landed behind a failure: given up, like the loads cut after a failed read */
-      kvt__index_unpin(&c->map, op->entry, KVT__T_HOST);
-      kvt__index_set_state(&c->map, op->entry, KVT__T_DEV, KVT__ABSENT, 0);
-      ref_go_private(c, jb, op);
-      kvt__maybe_remove(c, op->entry);
-    }
+    if (!failed || op->status != 0) load_done(c, jb, op);
+    else give_up_load(c, jb, op); /* landed behind a failure: given up, like the loads cut after a failed read */
     if (op->status != 0 && !failed) {
       failed = 1;
       if (!jb->status) jb->status = op->status;
@@ -348,12 +357,47 @@ static void reads_over(kvt_cache *c, kvt__job *jb) {
   }
 }
 
+/* The fetch into host slot hs is over (status: its outcome, the host
+ * state set): the request loads that follow it land with it, each checked
+ * against its own request's tokens, or fail with it (their host pin goes
+ * back; the request computes from there). A load whose last fetch this
+ * was goes on to its device copy. */
+static void follows_land(kvt_cache *c, uint32_t hs, int status) {
+  if (!c->host_follow || hs >= c->cap[KVT__T_HOST]) return;
+  kvt__op *f = c->host_follow[hs];
+  c->host_follow[hs] = NULL;
+  while (f) {
+    kvt__op *next = f->follow_next; /* f's job may finish below */
+    kvt__job *jb = f->jb;
+    f->follow_next = NULL;
+    f->status = status ? status : fetch_verify(c, f);
+    if (f->status) {
+      kvt__index_unpin(&c->map, f->entry, KVT__T_HOST);
+      if (!status) c->st.verify_mismatches++;
+    }
+    f->landed = 1;
+    if (--jb->following == 0 && (!jb->n_fetch || (jb->disk_started && jb->pending == 0))) reads_over(c, jb);
+    else stream_more(c, jb);
+    f = next;
+  }
+}
+
 static void apply_disk_op(kvt_cache *c, kvt__op *op) {
   kvt__job *jb = op->jb;
-  if (op->status == 0 && (jb->flags & KVT__JF_CANCEL)) op->status = KVT_ECANCELED;
+  if (op->status == 0 && (jb->flags & KVT__JF_CANCEL)) {
+    /* A cancelled prefetch's read that other requests follow lands for
+     * them (the job still reports KVT_ECANCELED). */
+    uint32_t hs = op->slot[KVT__T_HOST];
+    int followed = jb->kind == KVT__JOB_FETCH && c->host_follow && hs < c->cap[KVT__T_HOST] && c->host_follow[hs];
+    if (followed) jb->status = jb->status ? jb->status : KVT_ECANCELED;
+    else op->status = KVT_ECANCELED;
+  }
   if (jb->kind == KVT__JOB_SPILL) spill_done(c, jb, op);
   else if (jb->kind == KVT__JOB_RPUT) kvt__rput_done(c, op);
-  else fetch_done(c, jb, op);
+  else {
+    fetch_done(c, jb, op);
+    follows_land(c, op->slot[KVT__T_HOST], op->status);
+  }
   op->landed = 1;
   if (op->status && !jb->status && jb->kind != KVT__JOB_LOAD) jb->status = op->status;
   if (--jb->pending == 0) {
@@ -363,8 +407,10 @@ static void apply_disk_op(kvt_cache *c, kvt__op *op) {
     int path = jb->remote_total ? KVT_CALIB_HOST_REMOTE : 1;
     if (jb->kind == KVT__JOB_RPUT) n = 0; /* puts do not predict restores */
     observe(c, jb, path, n * c->block_bytes);
-    if (jb->kind == KVT__JOB_LOAD) reads_over(c, jb);
-    else {
+    if (jb->kind == KVT__JOB_LOAD) {
+      if (jb->following) stream_more(c, jb); /* the fetches it follows land later */
+      else reads_over(c, jb);
+    } else {
       if (jb->kind == KVT__JOB_FETCH) spill_fetched(c, jb);
       finish_job(c, jb);
     }

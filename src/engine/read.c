@@ -52,7 +52,8 @@ static int tokens_match(kvt_cache *c, const kvt__entry *en, int tier, const uint
 
 typedef struct scan_result {
   uint32_t n, per_tier[KVT__NTIERS + 1]; /* the remote tier last */
-  int must_wait;
+  uint32_t n_dup; /* of the host blocks: private copies (another request loads them) */
+  int must_wait;  /* no_dup: stopped at a block another request is loading */
   int mismatch; /* stopped at a block whose tokens or parent differ */
 } scan_result;
 
@@ -76,8 +77,21 @@ typedef struct remote_run {
  * chain's entries are mostly neighbours, which the hardware streams.) */
 #define SCAN_WORDS_AHEAD 16u
 
+/* A block another job is copying into a faster tier (another request's
+ * load, a prefetch) restores from its host copy without waiting for that
+ * job: the host copy is valid, or being fetched into a host slot by it,
+ * and then the load follows that fetch (its copy starts when the fetch
+ * lands, in a progress step; a failed fetch fails the block). A device
+ * copy in flight is another request's slot, never shared: the load copies
+ * into a private slot of its own (a duplicate, freed at release). */
+static int host_followable(const kvt_cache *c, const kvt__entry *en) {
+  if (en->state[KVT__T_HOST] == KVT__VALID) return 1;
+  return en->state[KVT__T_HOST] == KVT__FILLING && c->host_follow && !c->storage_mode &&
+         en->slot[KVT__T_HOST] < c->cap[KVT__T_HOST];
+}
+
 static void scan_prefix(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, const uint32_t *tokens,
-                        size_t restore, uint32_t chunk0, const remote_run *rr, scan_result *sr) {
+                        size_t restore, uint32_t chunk0, const remote_run *rr, int no_dup, scan_result *sr) {
   memset(sr, 0, sizeof *sr);
   kvt__ref_walk w;
   kvt__walk_from(c, &w, chunk0 * KVT__REF_CHUNK);
@@ -95,6 +109,7 @@ static void scan_prefix(kvt_cache *c, const kvt_key *parent, const kvt_key *keys
       r->entry = KVT__NONE;
       r->key = keys[i];
       r->tier = KVT__T_REMOTE;
+      r->dup = 0;
       sr->per_tier[KVT__T_REMOTE]++;
       sr->n++;
       continue;
@@ -103,13 +118,15 @@ static void scan_prefix(kvt_cache *c, const kvt_key *parent, const kvt_key *keys
     if (!kvt__key_eq(&en->parent, par)) break;
     int t = fastest_valid(en);
     if (shared_after_copy(sr, t)) break;
-    /* A copy into a faster tier is in flight (another request's load, a
-     * prefetch): wait for it rather than copy the block a second time. */
-    int filling_above = 0;
-    for (int k = 0; k < (t < 0 ? KVT__NTIERS : t); k++) filling_above |= en->state[k] == KVT__FILLING;
-    if (filling_above) {
-      sr->must_wait = 1;
-      break;
+    int dup = 0;
+    if (t != KVT__T_DEV && (en->state[KVT__T_DEV] == KVT__FILLING || en->state[KVT__T_HOST] == KVT__FILLING)) {
+      if (!host_followable(c, en)) break;
+      dup = en->state[KVT__T_DEV] == KVT__FILLING;
+      if (dup && no_dup) {
+        sr->must_wait = 1;
+        break;
+      }
+      t = KVT__T_HOST; /* pinned there, valid or not yet */
     }
     if (t < 0) break;
     /* Disk blocks stage through host slots: restore no more of them than
@@ -121,7 +138,8 @@ static void scan_prefix(kvt_cache *c, const kvt_key *parent, const kvt_key *keys
      * requests is recomputed rather than let its count wrap to 0 (which
      * would put a block in use on the LRU, free to be evicted). */
     if (en->pins[t] == UINT16_MAX) break;
-    if (!tokens_match(c, en, t, tokens ? tokens + i * c->bt : NULL)) {
+    /* A host copy still being fetched is checked when it lands. */
+    if (en->state[t] == KVT__VALID && !tokens_match(c, en, t, tokens ? tokens + i * c->bt : NULL)) {
       sr->mismatch = 1; /* counted once per acquire, however often it re-scans */
       break;
     }
@@ -129,6 +147,9 @@ static void scan_prefix(kvt_cache *c, const kvt_key *parent, const kvt_key *keys
     kvt__ref *r = kvt__walk_next(c, &w);
     r->entry = e;
     r->tier = (uint8_t)t;
+    r->dup = (uint8_t)(dup ? KVT__DUP_LOADING : 0);
+    r->unchecked = en->state[t] != KVT__VALID; /* checked when it lands, or by a re-scan */
+    sr->n_dup += (uint32_t)dup;
     r->slot = en->slot[KVT__T_DEV]; /* a device hit's slot; fill_request sets the others' */
     sr->per_tier[t]++;
     sr->n++;
@@ -142,7 +163,9 @@ static void unpin_prefix(kvt_cache *c, uint32_t chunk0, uint32_t n) {
   kvt__walk_back_from(c, &w, kvt__ref_id(c, chunk0, n - 1));
   for (uint32_t i = n; i-- > 0;) {
     const kvt__ref *r = kvt__walk_prev(c, &w);
-    if (r->tier != KVT__T_REMOTE) kvt__index_unpin(&c->map, r->entry, r->tier);
+    if (r->tier == KVT__T_REMOTE) continue;
+    kvt__index_unpin(&c->map, r->entry, r->tier);
+    if (r->tier == KVT__T_HOST) kvt__maybe_remove(c, r->entry); /* a followed fetch failed meanwhile */
   }
 }
 
@@ -190,6 +213,22 @@ static void fill_request(kvt_cache *c, kvt__request *rq, uint32_t job, const kvt
     op->slot[KVT__T_DISK] = KVT__NONE;
     if (r->tier == KVT__T_HOST) {
       op->slot[KVT__T_HOST] = en->slot[KVT__T_HOST];
+      op->landed = 1;
+      if (en->state[KVT__T_HOST] == KVT__FILLING) { /* lands with another job's fetch */
+        op->follow = 1;
+        op->landed = 0;
+        op->tok_sum = tok ? XXH3_64bits(tok, (size_t)c->bt * sizeof(uint32_t)) : 0;
+        kvt__op **head = &c->host_follow[op->slot[KVT__T_HOST]];
+        op->follow_next = *head;
+        *head = op;
+        jb->following++;
+      }
+      if (r->dup) { /* a private copy: the entry's device copy is another request's */
+        op->dup = 1;
+        r->entry = KVT__NONE;
+        if (c->dev_has_tokens) c->dev_has_tokens[r->slot] = 0; /* set from the record on landing */
+        continue;
+      }
     } else { /* disk or remote: stage through a host slot, kept pinned for the load */
       uint32_t hs = jb->dev_slots[staged++];
       op->slot[KVT__T_HOST] = hs;
@@ -246,6 +285,13 @@ static int prefix_moved(kvt_cache *c, uint32_t chunk0, uint32_t n) {
       continue;
     }
     const kvt__entry *en = kvt__E(c, r->entry);
+    if (en->state[r->tier] == KVT__ABSENT) return 1; /* a followed fetch failed */
+    /* Landed while make_room waited: no follow will check its tokens, the re-scan does. */
+    if (r->unchecked && en->state[r->tier] != KVT__FILLING) return 1;
+    if (r->dup) { /* a private copy, whatever the device copy in flight does, unless it landed */
+      if (en->state[KVT__T_DEV] == KVT__VALID) return 1;
+      continue;
+    }
     for (int t = 0; t < r->tier; t++)
       if (en->state[t] != KVT__ABSENT) return 1;
   }
@@ -258,9 +304,10 @@ static int prefix_moved(kvt_cache *c, uint32_t chunk0, uint32_t n) {
 static int reserve(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, const uint32_t *tokens, size_t restore,
                    uint32_t chunk0, uint32_t total, int may_wait, const remote_run *rr, scan_result *sr,
                    uint32_t *job_out) {
+  int no_dup = 0;
   for (;;) {
-    scan_prefix(c, parent, keys, tokens, restore, chunk0, rr, sr);
-    if (sr->must_wait) {
+    scan_prefix(c, parent, keys, tokens, restore, chunk0, rr, no_dup, sr);
+    if (sr->must_wait) { /* the device had no room for private copies: share the other load's slots */
       unpin_prefix(c, chunk0, sr->n);
       if (!may_wait) return KVT_EAGAIN;
       kvt__wait(c, NULL);
@@ -268,7 +315,7 @@ static int reserve(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, con
     }
     uint32_t n_copy = sr->n - sr->per_tier[KVT__T_DEV], n_stage = 0, job = KVT__NONE;
     uint32_t staging = sr->per_tier[KVT__T_DISK] + sr->per_tier[KVT__T_REMOTE];
-    int rc = 0, no_job = 0;
+    int rc = 0, no_job = 0, dev_short = 0;
     if (n_copy && (job = kvt__job_new(c, KVT__JOB_LOAD, 0)) == KVT__NONE) {
       rc = may_wait ? KVT_ENOSPACE : KVT_EAGAIN;
       no_job = 1;
@@ -279,6 +326,7 @@ static int reserve(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, con
       for (; n_stage < staging; n_stage++)
         c->jobs[job].dev_slots[n_stage] = kvt__slots_take(&c->slots[KVT__T_HOST]);
       rc = kvt__make_room(c, KVT__T_DEV, total - sr->per_tier[KVT__T_DEV], may_wait);
+      dev_short = rc == KVT_ENOSPACE;
     }
     if (rc == 0 && c->n_req_free == 0) rc = KVT_ENOSPACE;
     if (rc == 0 && !prefix_moved(c, chunk0, sr->n)) {
@@ -291,6 +339,13 @@ static int reserve(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, con
       /* Every job is busy with transfers (spills, remote puts): one of
        * them frees a job when it finishes. */
       kvt__wait(c, NULL);
+      continue;
+    }
+    if (dev_short && sr->n_dup && !no_dup) {
+      /* No device room for private copies of blocks another request is
+       * loading: wait for that load instead and share its slots (device
+       * hits need none), as a request that only waits would. */
+      no_dup = 1;
       continue;
     }
     if (rc == KVT_ENOSPACE && staging) {
@@ -363,12 +418,17 @@ int kvt_acquire_after(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, 
   rq->job = job;
   rq->parent = parent ? *parent : c->ns;
   fill_request(c, rq, job, keys, tokens, slots);
+  int following_only = 0;
   if (job != KVT__NONE) {
     kvt__job *jb = &c->jobs[job];
     jb->req = r;
-    jb->phase = jb->n_fetch ? 1 : 2;
-    jb->final_out = !jb->n_fetch; /* host hits only: one copy, the job's own */
+    jb->phase = jb->n_fetch || jb->following ? 1 : 2;
+    jb->final_out = jb->phase == 2; /* host hits only: one copy, the job's own */
     if (jb->n_fetch) jb->flags |= KVT__JF_LOAD_AFTER;
+    /* Only other jobs' fetches to wait for: nothing to submit now, the
+     * progress step that lands the last of them starts the copy. */
+    following_only = !jb->n_fetch && jb->following;
+    if (jb->following) jb->t_start = kvt__now_ns();
     c->inflight++;
     c->st.jobs_started++;
   }
@@ -392,7 +452,7 @@ int kvt_acquire_after(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, 
   pthread_mutex_unlock(&c->lock);
   kvt__flush_submits(c);
   if (job == KVT__NONE) return 0;
-  if (!deferred) kvt__job_submit(c, job);
+  if (!deferred && !following_only) kvt__job_submit(c, job);
   return 1;
 }
 
@@ -401,6 +461,7 @@ static uint32_t ready_prefix(kvt_cache *c, const kvt__request *rq) {
   uint32_t i = 0;
   for (uint32_t id = kvt__req_ref0(rq); i < rq->n_restore; i++, id = kvt__ref_next(c, id)) {
     const kvt__ref *r = kvt__ref_at(c, id);
+    if (r->dup == KVT__DUP_READY) continue; /* a private copy that landed */
     if (r->entry == KVT__NONE) break;
     const kvt__entry *en = kvt__E(c, r->entry);
     if (en->state[KVT__T_DEV] != KVT__VALID || en->slot[KVT__T_DEV] != r->slot) break;
