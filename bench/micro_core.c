@@ -31,7 +31,6 @@ static kvt_cache *open_meta(uint32_t block_tokens, uint32_t slots, uint64_t host
   cfg.model_fingerprint = "kvtier-bench micro";
   cfg.device = KVT_DEVICE_HOST;
   cfg.host_blocks = host;
-  cfg.max_jobs = 8;
   cfg.max_job_blocks = job_blocks;
   cfg.max_requests = 1024; /* the map section holds 256 live requests beside its own */
   kvt_cache *c = NULL;

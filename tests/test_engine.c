@@ -439,6 +439,37 @@ static void no_device_fails_cleanly(void **state) {
   fixture_close(&f);
 }
 
+/* A small cache with the default max_jobs (256) and max_job_blocks (8192)
+ * does not pay for every job's op arrays up front (they were 258 x 8192
+ * entries, over 100 MB for a 64-slot cache): a job slot's arrays come with
+ * its first use, and slots are reused, so sequential work allocates one
+ * or two. */
+static void job_memory_follows_the_jobs_in_use(void **state) {
+  (void)state;
+  kvt_config cfg = fixture_config(64);
+  kvt_config dflt;
+  kvt_config_init(&dflt);
+  cfg.max_jobs = dflt.max_jobs;
+  cfg.max_job_blocks = dflt.max_job_blocks;
+  fixture f;
+  fixture_open_cfg(&f, &cfg, 64);
+  const uint64_t one_job = (uint64_t)dflt.max_job_blocks * 56; /* at least: one op each */
+  uint64_t m0 = fixture_stats(&f).metadata_bytes;
+  assert_true(m0 < one_job);
+  kvt_key k[4];
+  uint32_t t[4 * BT];
+  fixture_keys(&f, 9, 4, k, t);
+  assert_int_equal(run_request(&f, k, t, 4, 9), 0);
+  for (int round = 0; round < 3; round++) {
+    fixture_offload(&f, k, 4);                        /* a store job */
+    assert_int_equal(run_request(&f, k, t, 4, 9), 4); /* a load job */
+  }
+  uint64_t m1 = fixture_stats(&f).metadata_bytes;
+  assert_true(m1 > m0);                 /* the jobs used are counted */
+  assert_true(m1 - m0 <= 4 * one_job); /* two job slots at most (68 bytes an entry) */
+  fixture_close(&f);
+}
+
 static void every_code_has_a_name(void **state) {
   int codes[] = {
 #define XX(name, value, text) name,
@@ -473,6 +504,7 @@ int main(void) {
       cmocka_unit_test(write_through_copies_at_commit),
       cmocka_unit_test(bad_arguments_get_codes),
       cmocka_unit_test(no_device_fails_cleanly),
+      cmocka_unit_test(job_memory_follows_the_jobs_in_use),
       cmocka_unit_test(every_code_has_a_name),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -934,7 +934,8 @@ KVT_API int kvt_metrics_write(kvt_cache *c, int format, char *buf, size_t *len);
  * it. Besides, per cache: a real (not metadata-only) layout keeps the token
  * ids of each device slot (block_tokens x 4 + 1 bytes per device slot);
  * each host slot has 8 bytes for the restores that follow a fetch into it;
- * jobs take max_job_blocks x 60 bytes each ((max_jobs + 2) of them);
+ * jobs take max_job_blocks x 68 bytes each, allocated when a job slot is
+ * first used (as many as were ever in use at once, at most max_jobs + 2);
  * requests and their block references (32 bytes each, allocated when live
  * references pass their previous peak) take the rest. kvt_stats's
  * metadata_bytes counts all of it. */

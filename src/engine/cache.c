@@ -532,8 +532,8 @@ static size_t metadata_bytes(const kvt_cache *c) {
   for (int t = 0; t < KVT__NTIERS; t++) b += (size_t)c->slots[t].capacity * sizeof(uint32_t);
   if (c->host_follow) b += (size_t)c->cap[KVT__T_HOST] * sizeof(kvt__op *);
   if (c->dev_tokens) b += (size_t)c->cap[KVT__T_DEV] * (c->bt * sizeof(uint32_t) + 1);
-  b += (size_t)c->n_jobs * (sizeof(kvt__job) + (c->progq ? 5 : 2) * sizeof(uint32_t) +
-                            m * (sizeof(kvt__op) + sizeof(uint32_t) + sizeof(void *)));
+  b += (size_t)c->n_jobs * (sizeof(kvt__job) + (c->progq ? 5 : 2) * sizeof(uint32_t));
+  b += (size_t)c->n_jobs_allocated * m * (sizeof(kvt__op) + sizeof(uint32_t) + sizeof(void *));
   b += (size_t)c->n_xchunks * (sizeof(kvt__xchunk) + 2 * sizeof(uint32_t)); /* streamed copies */
   b += (size_t)c->cfg.max_jobs * (sizeof(kvt__handle) + sizeof(uint32_t));
   b += (size_t)c->cfg.max_requests * (sizeof(kvt__request) + sizeof(uint32_t)) + kvt__refs_bytes(c);

@@ -196,6 +196,7 @@ struct kvt_cache {
   kvt__job *jobs;
   uint32_t *job_free;
   uint32_t n_jobs, n_job_free, inflight; /* n_jobs = max_jobs + KVT__JOBS_RESERVED */
+  uint32_t n_jobs_allocated;             /* job slots whose op arrays exist (kvt__job_new) */
   kvt__handle *handles;    /* max_jobs engine handles */
   uint32_t *handle_free;
   uint32_t n_handle_free;

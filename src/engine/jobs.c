@@ -49,12 +49,12 @@ int kvt__jobs_init(kvt_cache *c) {
     c->handles[h].job = KVT__NONE;
     c->handle_free[c->n_handle_free++] = nh - 1 - h;
   }
+  /* A job's op arrays (max_job_blocks entries each) are allocated the first
+   * time its slot is taken (kvt__job_new): slots are reused last-freed
+   * first, so the memory follows the most jobs ever in use at once, not
+   * max_jobs. */
   for (uint32_t j = 0; j < n; j++) {
     kvt__job *jb = &c->jobs[j];
-    jb->ops = calloc(m, sizeof *jb->ops);
-    jb->dev_slots = calloc(m, sizeof *jb->dev_slots);
-    jb->host_blocks = calloc(m, sizeof *jb->host_blocks);
-    if (!jb->ops || !jb->dev_slots || !jb->host_blocks) return -ENOMEM;
     jb->xfer.engine_data = jb;
     jb->xfer.done = dev_done;
     jb->c = c;
@@ -101,10 +101,32 @@ int kvt__job_available(const kvt_cache *c, int kind, uint32_t flags) {
   return c->n_job_free > (internal ? 0 : KVT__JOBS_RESERVED);
 }
 
+/* The op arrays of job slot j, on its first use. Lock held. */
+static int job_arrays(kvt_cache *c, kvt__job *jb) {
+  if (jb->ops) return 0;
+  size_t m = c->cfg.max_job_blocks;
+  kvt__op *ops = calloc(m, sizeof *ops);
+  uint32_t *dev_slots = calloc(m, sizeof *dev_slots);
+  void **host_blocks = calloc(m, sizeof *host_blocks);
+  if (!ops || !dev_slots || !host_blocks) {
+    free(ops);
+    free(dev_slots);
+    free(host_blocks);
+    return -ENOMEM;
+  }
+  jb->ops = ops;
+  jb->dev_slots = dev_slots;
+  jb->host_blocks = host_blocks;
+  c->n_jobs_allocated++;
+  return 0;
+}
+
 uint32_t kvt__job_new(kvt_cache *c, int kind, uint32_t flags) {
   if (!kvt__job_available(c, kind, flags)) return KVT__NONE;
-  uint32_t j = c->job_free[--c->n_job_free];
+  uint32_t j = c->job_free[c->n_job_free - 1];
   kvt__job *jb = &c->jobs[j];
+  if (job_arrays(c, jb) != 0) return KVT__NONE; /* out of memory: as if every job were busy */
+  c->n_job_free--;
   jb->gen++;
   jb->kind = (uint8_t)kind;
   jb->busy = 1;
