@@ -317,7 +317,7 @@ static int refuse_open(const kvt_io_open_args *a, void **ctx) {
 static void test_auto_falls_back_when_refused(void **state) {
   fixture *f = *state;
   static const kvt_io_backend refusing = {KVT_IO_BACKEND_VERSION, "fake_uring", refuse_open,
-                                          NULL, NULL, NULL, 0};
+                                          NULL, NULL, NULL, 0, NULL, NULL};
   const kvt_io_backend *list[2] = {&refusing, kvt_io_backend_threads()};
   kvt_io_open_args a = {.fd = f->fd, .queue_depth = 4};
   kvt__io io;
