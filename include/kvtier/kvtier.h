@@ -719,6 +719,10 @@ typedef struct kvt_stats {
    * disk tier (kvt_put_from to disk, kvt_get_into from disk), straight (one
    * vectored I/O, no staging copy) and through a worker's staging record. */
   uint64_t storage_blocks_straight, storage_blocks_staged;
+  /* Appended: of storage_blocks_straight, the blocks whose I/O went as
+   * io_uring fixed-buffer ops (every piece in a registered region that
+   * kvtier handed to io_uring: see kvt_register_memory). */
+  uint64_t storage_blocks_fixed;
 } kvt_stats;
 #define KVT_STATS_SIZE_V1 offsetof(kvt_stats, jobs_cancelled)
 
@@ -752,8 +756,18 @@ KVT_API int kvt_get_stats(kvt_cache *c, kvt_stats *st);
  * staging copy (its checksum is computed and verified over the pieces in
  * place, with the same value either way, so records written one way read
  * back the other). Any other block goes through staging.
+ * With the io_uring disk backend (Linux 5.19 and later), kvt_register_memory
+ * also hands the region's whole 4 KiB pages (from its first 4 KiB boundary
+ * to its last) to io_uring as a fixed buffer: the kernel pins them once, at
+ * registration, instead of at every I/O, and a straight block of at most 7
+ * runs of adjacent pieces then goes as one READ_FIXED / WRITE_FIXED per run
+ * plus one for its header page (kvtier's, also fixed), completed together;
+ * a block of more runs goes vectored. Where io_uring refuses (the thread
+ * pool backend, an older kernel, RLIMIT_MEMLOCK without CAP_IPC_LOCK, a
+ * full table), the region works as before, vectored.
  * kvt_stats.storage_blocks_straight / _staged count the blocks that landed
- * each way. */
+ * each way, storage_blocks_fixed those of the straight ones that went as
+ * fixed-buffer I/O. */
 
 typedef uint32_t kvt_region;
 #define KVT_REGION_NONE 0u
@@ -761,15 +775,26 @@ typedef uint32_t kvt_region;
 enum { KVT_MEM_HOST = 0, KVT_MEM_DEVICE = 1 };
 
 /* Registers len bytes of the engine's memory at base as a region (*region,
- * never KVT_REGION_NONE). KVT_MEM_DEVICE: CUDA device memory, copied by the
+ * never KVT_REGION_NONE). KVT_MEM_HOST: with a disk tier on io_uring, its
+ * whole pages become an io_uring fixed buffer (above): the kernel pins them
+ * (faulting in pages never touched) until kvt_unregister_memory or
+ * kvt_close, which takes time proportional to len (about a millisecond per
+ * GiB in huge pages here) during which the disk's submissions wait: register
+ * pools once, up front. When io_uring refuses, the region is registered all
+ * the same (logged at KVT_LOG_INFO) and its blocks go vectored.
+ * KVT_MEM_DEVICE: CUDA device memory, copied by the
  * CUDA runtime to and from kvtier's record images (the host pool, or a
- * worker's staging records); KVT_EUNSUPPORTED in a build without CUDA, KVT_ENODEV when
+ * worker's staging records); never given to io_uring; KVT_EUNSUPPORTED in a build without CUDA, KVT_ENODEV when
  * no GPU is usable or base is not device memory. At most 64 regions; -ENOSPC
  * past that, -EINVAL for NULL base, len 0 or a range that overlaps a
- * registered region. Does not block. */
+ * registered region. May block (the pinning of a host region); does not
+ * wait for I/O. */
 KVT_API int kvt_register_memory(kvt_cache *c, void *base, size_t len, int kind, kvt_region *region);
-/* Forgets a region. KVT_EBUSY while a job in flight uses it, KVT_ENOJOB for
- * an unknown region. Does not block. */
+/* Forgets a region. KVT_EBUSY while a job in flight uses it, or while
+ * kvt_register_memory of it has not returned; KVT_ENOJOB for an unknown
+ * region. A host region given to io_uring is taken out of its table and
+ * unpinned, after the disk I/Os still using its pages (none once its jobs
+ * are over) have completed: may block that long. */
 KVT_API int kvt_unregister_memory(kvt_cache *c, kvt_region region);
 
 /* One contiguous piece of a block in the engine's memory: `ptr` (host
