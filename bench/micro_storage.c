@@ -223,7 +223,7 @@ static int open_storage(sbench *b, const char *path) {
   if (rc == 0) rc = kvt_register_layout(b->c, &l);
   const char *vec = getenv("KVT_BENCH_STORAGE_VECTORED");
   if (vec && *vec == '1') kvt__fault_set(refuse_fixed, NULL);
-  if (rc == 0) rc = kvt_register_memory(b->c, b->engine, (size_t)ENGINE_BLOCKS * BLOCK_BYTES, KVT_MEM_HOST, &b->reg);
+  if (rc == 0) rc = kvt_register_memory(b->c, b->engine, (size_t)ENGINE_BLOCKS * BLOCK_BYTES, KVT_MEM_HOST_FIXED, &b->reg);
   kvt__fault_set(NULL, NULL);
   for (uint64_t i = 0; rc == 0 && i < b->n; i++) {
     b->pieces[i] = (kvt_piece){.region = b->reg, .offset = (i % ENGINE_BLOCKS) * BLOCK_BYTES, .len = BLOCK_BYTES};

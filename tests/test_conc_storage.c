@@ -65,7 +65,7 @@ static void *worker(void *arg) {
   size_t bytes = (size_t)NBLK * BLOCK * (straight ? 2 : 1);
   char *buf = aligned_alloc(4096, bytes), img[BLOCK];
   kvt_region reg = KVT_REGION_NONE;
-  if (straight && kvt_register_memory(cache, buf, bytes, KVT_MEM_HOST, &reg) != 0) {
+  if (straight && kvt_register_memory(cache, buf, bytes, KVT_MEM_HOST_FIXED, &reg) != 0) {
     free(buf);
     return (void *)(intptr_t)1;
   }

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/utsname.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "helpers.h"
@@ -604,7 +605,7 @@ static void pool_open(sfix *f, pool *p) {
   p->mem = aligned_alloc(4096, (size_t)NB * PLACE);
   assert_non_null(p->mem);
   memset(p->mem, 0, (size_t)NB * PLACE);
-  assert_int_equal(kvt_register_memory(f->c, p->mem, (size_t)NB * PLACE, KVT_MEM_HOST, &p->reg), 0);
+  assert_int_equal(kvt_register_memory(f->c, p->mem, (size_t)NB * PLACE, KVT_MEM_HOST_FIXED, &p->reg), 0);
 }
 
 static void pool_close(sfix *f, pool *p) {
@@ -750,7 +751,7 @@ static void fixed_registration_refused_falls_back(void **s) {
   assert_int_equal(st.storage_blocks_fixed, 0);
   /* The same memory registered again, and taken. */
   assert_int_equal(kvt_unregister_memory(f.c, p.reg), 0);
-  assert_int_equal(kvt_register_memory(f.c, p.mem, (size_t)NB * PLACE, KVT_MEM_HOST, &p.reg), 0);
+  assert_int_equal(kvt_register_memory(f.c, p.mem, (size_t)NB * PLACE, KVT_MEM_HOST_FIXED, &p.reg), 0);
   memset(p.mem, 0, (size_t)NB * PLACE);
   tally_start(&t, 0, 0);
   assert_int_equal(pool_batch(&f, &p, 1, NB, 1, NULL, res, &ok), 0);
@@ -806,7 +807,7 @@ static void unregister_while_fixed_io_in_flight(void **s) {
   assert_int_equal(kvt_get_stats(f.c, &st), 0);
   assert_int_equal(st.storage_blocks_fixed, fixed_expected(f.c) ? NB : 0);
   assert_int_equal(kvt_unregister_memory(f.c, p.reg), 0);
-  assert_int_equal(kvt_register_memory(f.c, p.mem, (size_t)NB * PLACE, KVT_MEM_HOST, &p.reg), 0);
+  assert_int_equal(kvt_register_memory(f.c, p.mem, (size_t)NB * PLACE, KVT_MEM_HOST_FIXED, &p.reg), 0);
   int32_t res[NB];
   uint32_t ok = 0;
   memset(p.mem, 0, (size_t)NB * PLACE);
@@ -1062,6 +1063,52 @@ static void straight_blocks_survive_a_reopen(void **s) {
   sfix_close(&f);
 }
 
+/* A KVT_MEM_HOST region is not pinned: the engine may discard and refill
+ * its pages while it is registered (an allocator giving memory back), and
+ * puts and gets still move the bytes it holds now. */
+static void plain_host_region_pages_may_be_replaced(void **s) {
+  (void)s;
+  sfix f;
+  sfix_open(&f, 0, 64, 1);
+  size_t len = (size_t)NB * PLACE;
+  char *mem = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  assert_true(mem != MAP_FAILED);
+  memset(mem, 0x5a, len);
+  kvt_region reg;
+  assert_int_equal(kvt_register_memory(f.c, mem, len, KVT_MEM_HOST, &reg), 0);
+  assert_int_equal(madvise(mem, len, MADV_DONTNEED), 0);
+  kvt_piece pc[NB];
+  for (uint32_t b = 0; b < NB; b++) {
+    kvt_test_fill(mem + (size_t)b * PLACE, BLOCK, 990 + b);
+    pc[b] = (kvt_piece){.region = reg, .offset = (uint64_t)b * PLACE, .len = BLOCK};
+  }
+  kvt_batch bt;
+  kvt_batch_init(&bt);
+  bt.n_blocks = NB;
+  bt.keys = f.keys;
+  bt.tokens = f.tokens;
+  bt.pieces = pc;
+  kvt_job job;
+  int32_t res[NB];
+  uint32_t ok = 0;
+  assert_int_equal(kvt_put_from(f.c, &bt, &job), 1);
+  assert_int_equal(kvt_storage_wait(f.c, job, -1), 0);
+  assert_int_equal(kvt_storage_release(f.c, job), 0);
+  memset(mem, 0, len);
+  assert_int_equal(kvt_get_into(f.c, &bt, &job), 1);
+  assert_int_equal(kvt_storage_wait(f.c, job, -1), 0);
+  assert_int_equal(kvt_storage_results(f.c, job, res, NB, &ok), 0);
+  assert_int_equal(kvt_storage_release(f.c, job), 0);
+  assert_int_equal(ok, NB);
+  for (uint32_t b = 0; b < NB; b++) assert_true(kvt_test_check(mem + (size_t)b * PLACE, BLOCK, 990 + b));
+  kvt_stats st = {.size = sizeof st};
+  assert_int_equal(kvt_get_stats(f.c, &st), 0);
+  assert_int_equal(st.storage_blocks_fixed, 0); /* never pinned */
+  assert_int_equal(kvt_unregister_memory(f.c, reg), 0);
+  munmap(mem, len);
+  sfix_close(&f);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(round_trip_host_one_piece),
@@ -1070,6 +1117,7 @@ int main(void) {
       cmocka_unit_test(round_trip_disk_only_many_pieces),
       cmocka_unit_test(round_trip_through_the_cascade),
       cmocka_unit_test(registered_region_round_trip),
+      cmocka_unit_test(plain_host_region_pages_may_be_replaced),
       cmocka_unit_test(get_stops_at_k_and_at_the_prefix),
       cmocka_unit_test(tokens_that_differ_fail_their_block),
       cmocka_unit_test(io_errors_fail_their_blocks_only),

@@ -772,24 +772,35 @@ KVT_API int kvt_get_stats(kvt_cache *c, kvt_stats *st);
 typedef uint32_t kvt_region;
 #define KVT_REGION_NONE 0u
 
-enum { KVT_MEM_HOST = 0, KVT_MEM_DEVICE = 1 };
+enum { KVT_MEM_HOST = 0, KVT_MEM_DEVICE = 1, KVT_MEM_HOST_FIXED = 2 };
 
 /* Registers len bytes of the engine's memory at base as a region (*region,
- * never KVT_REGION_NONE). KVT_MEM_HOST: with a disk tier on io_uring, its
- * whole pages become an io_uring fixed buffer (above): the kernel pins them
- * (faulting in pages never touched) until kvt_unregister_memory or
- * kvt_close. That takes time proportional to len (measured here per GiB:
- * 2 ms in huge pages already touched, 27-42 ms in 4 KiB pages, 0.5-2 s for
- * memory never touched, which the kernel first faults in and zeroes),
- * during which the disk's submissions wait: register pools once, up front.
- * When io_uring refuses, the region is registered all the same (logged at
- * KVT_LOG_INFO) and its blocks go vectored. KVT_MEM_DEVICE: CUDA device
+ * never KVT_REGION_NONE). KVT_MEM_HOST: host memory, nothing pinned; with
+ * a disk tier, straight blocks go as one vectored I/O each. Does not block.
+ * KVT_MEM_HOST_FIXED: host memory whose pages stay put while it is
+ * registered; with a disk tier on io_uring its whole pages become an
+ * io_uring fixed buffer (above): the kernel pins them (faulting in pages
+ * never touched, so all of it becomes resident) until
+ * kvt_unregister_memory or kvt_close. That takes time proportional to len
+ * (measured here per GiB: 2 ms in huge pages already touched, 27-42 ms in
+ * 4 KiB pages, 0.5-2 s for memory never touched), during which the disk's
+ * submissions wait: register pools once, up front. The engine must not
+ * unmap, remap (mremap, MAP_FIXED) or discard (MADV_DONTNEED, MADV_FREE)
+ * those pages while registered: io_uring keeps the pages it pinned, so a
+ * put would write their old bytes under a checksum of the new ones (the
+ * block then fails its checksum when read: lost, never wrong). When
+ * io_uring refuses (the thread pool, RLIMIT_MEMLOCK, memory it cannot pin,
+ * the table full), the region is registered all the same as KVT_MEM_HOST
+ * (logged at KVT_LOG_INFO). It pays where the engine's memory is in 4 KiB
+ * pages (measured here: put-from 2.59 against 1.97 GB/s, get-into 1.35
+ * against 1.11); in huge pages it saves little (under 3% of the CPU).
+ * May block (the pinning). KVT_MEM_DEVICE: CUDA device
  * memory, copied by the CUDA runtime to and from kvtier's record images
  * (the host pool, or a worker's staging records), never given to io_uring;
  * KVT_EUNSUPPORTED in a build without CUDA, KVT_ENODEV when no GPU is
  * usable or base is not device memory. At most 64 regions; -ENOSPC past
  * that, -EINVAL for NULL base, len 0 or a range that overlaps a registered
- * region. May block (the pinning of a host region); does not wait for I/O. */
+ * region. Does not wait for I/O. */
 KVT_API int kvt_register_memory(kvt_cache *c, void *base, size_t len, int kind, kvt_region *region);
 /* Forgets a region. KVT_EBUSY while a job in flight uses it, or while
  * kvt_register_memory of it has not returned; KVT_ENOJOB for an unknown

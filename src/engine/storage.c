@@ -196,7 +196,7 @@ int kvt_register_memory(kvt_cache *c, void *base, size_t len, int kind, kvt_regi
 
 int kvt__register_memory(kvt_cache *c, void *base, size_t len, int kind, int fixed, kvt_region *region) {
   STORAGE_CHECK(c);
-  if (!base || !len || !region || (kind != KVT_MEM_HOST && kind != KVT_MEM_DEVICE) ||
+  if (!base || !len || !region || (kind != KVT_MEM_HOST && kind != KVT_MEM_DEVICE && kind != KVT_MEM_HOST_FIXED) ||
       (uintptr_t)base > UINTPTR_MAX - len)
     return -EINVAL;
   if (kind == KVT_MEM_DEVICE) {
@@ -216,7 +216,7 @@ int kvt__register_memory(kvt_cache *c, void *base, size_t len, int kind, int fix
     if ((char *)base < g->base + g->len && g->base < (char *)base + len) rc = -EINVAL;
   }
   if (rc == 0 && slot == KVT__NONE) rc = -ENOSPC;
-  fixed = fixed && rc == 0 && kind == KVT_MEM_HOST;
+  fixed = fixed && rc == 0 && kind == KVT_MEM_HOST_FIXED;
   if (rc == 0) {
     s->regions[slot] = (kvt__region){.base = base, .len = len, .kind = kind, .used = 1, .busy = (uint8_t)fixed, .fixed = -1};
     *region = slot + 1;

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kvtier/backend.h"
 #include "util/log.h"
@@ -105,6 +106,26 @@ static void fill_chunks(uring_ctx *c, const kvt_io_open_args *a) {
  * The table is reserved sparse, the host pool's chunks first and room for
  * URING_DYN_BUFS more (buf_register); a kernel without sparse tables
  * (before 5.19) gets the host pool's alone, and no buf_register. */
+/* Registers iov[0..n) at table entries off..off+n-1, all or none: the
+ * kernel registers entries in order and, when one fails partway, returns
+ * how many it did (not an error); those are emptied again here. 0 or
+ * -errno. Caller serialises updates of the table. */
+static int update_all(uring_ctx *c, uint32_t off, const struct iovec *iov, uint32_t n) {
+  int rc = io_uring_register_buffers_update_tag(&c->ring, off, iov, NULL, n);
+  if (rc == (int)n) return 0;
+  if (rc >= 0) {
+    /* The entry that stopped it, alone, for its errno. */
+    int why = rc < (int)n ? io_uring_register_buffers_update_tag(&c->ring, off + (uint32_t)rc, iov + rc, NULL, 1) : -EIO;
+    uint32_t set = (uint32_t)rc + (why == 1);
+    struct iovec *none = calloc(set ? set : 1, sizeof *none);
+    if (!none || (set && io_uring_register_buffers_update_tag(&c->ring, off, none, NULL, set) < 0))
+      kvt__log(KVT_LOG_WARN, "io_uring: a partly registered fixed buffer could not be emptied");
+    free(none);
+    rc = why < 0 ? why : -EFAULT;
+  }
+  return rc;
+}
+
 static int register_bufs(uring_ctx *c, const kvt_io_open_args *a) {
   uint32_t total = 0;
   int rc = a->n_bufs ? count_chunks(a, &total) : 0;
@@ -118,8 +139,8 @@ static int register_bufs(uring_ctx *c, const kvt_io_open_args *a) {
   c->dyn_base = total;
   if (total + URING_DYN_BUFS <= URING_MAX_BUFS && io_uring_register_buffers_sparse(&c->ring, total + URING_DYN_BUFS) == 0) {
     c->sparse = 1;
-    rc = total ? io_uring_register_buffers_update_tag(&c->ring, 0, c->iov, NULL, total) : 0;
-    if (rc >= 0) {
+    rc = total ? update_all(c, 0, c->iov, total) : 0;
+    if (rc == 0) {
       c->n_bufs = a->n_bufs;
       return 0;
     }
@@ -163,9 +184,8 @@ static int uring_buf_register(void *ctx, void *base, size_t len, uint32_t *index
     /* The kernel pins the pages here, holding the ring's lock: submissions
      * wait meanwhile (per GiB: 2 ms in huge pages, 27-42 ms in 4 KiB pages,
      * 0.5-2 s for pages never touched), so this lock is held too. */
-    rc = io_uring_register_buffers_update_tag(&c->ring, c->dyn_base + at, iov, NULL, need);
-    if (rc >= 0) {
-      rc = 0;
+    rc = update_all(c, c->dyn_base + at, iov, need);
+    if (rc == 0) {
       c->dyn_len[at] = need;
       c->dyn_ptr[at] = (uintptr_t)base;
       *index = c->dyn_base + at;
@@ -353,7 +373,9 @@ static int flush_sq(uring_ctx *c) {
     atomic_store(&c->need_flush, 1);
     return 0;
   }
-  if (rc >= 0) atomic_store(&c->need_flush, 0);
+  /* A short count leaves SQEs in the ring: the reaper flushes them (a
+   * record of several SQEs completes only once all are in). */
+  if (rc >= 0) atomic_store(&c->need_flush, io_uring_sq_ready(&c->ring) > 0);
   return rc < 0 ? rc : 0;
 }
 
@@ -366,6 +388,11 @@ static int uring_submit(void *ctx, const kvt_io_req *reqs, uint32_t n) {
     if ((op == KVT_IO_READV_FIXED || op == KVT_IO_WRITEV_FIXED) &&
         (!c->sparse || !reqs[i].buf || !reqs[i].len || reqs[i].len > KVT_IO_MAX_FIXED_VEC))
       return -EINVAL;
+    if (op == KVT_IO_READV_FIXED || op == KVT_IO_WRITEV_FIXED) { /* an empty piece would never complete */
+      const kvt_io_fixed_vec *fv = reqs[i].buf;
+      for (uint32_t k = 0; k < reqs[i].len; k++)
+        if (!fv->iov[k].iov_len) return -EINVAL;
+    }
   }
   pthread_mutex_lock(&c->sq_lock);
   /* At most depth requests and `entries` SQEs outstanding (the CQ holds
@@ -450,11 +477,25 @@ static int uring_reap(void *ctx, kvt_io_cqe *cqes, uint32_t max, uint32_t min_wa
   }
   uint32_t got = drain_cq(c, cqes, max);
   if (got >= min_wait || got == max) return (int)got;
-  struct __kernel_timespec ts = {timeout_ns / 1000000000, timeout_ns % 1000000000};
-  struct io_uring_cqe *cqe;
-  int rc = io_uring_wait_cqes(&c->ring, &cqe, min_wait - got, timeout_ns < 0 ? NULL : &ts, NULL);
-  if (rc < 0 && rc != -ETIME && rc != -EINTR && rc != -EAGAIN) return got ? (int)got : rc;
-  return (int)(got + drain_cq(c, cqes + got, max - got));
+  /* A request of several SQEs completes with its last one: wait again
+   * until min_wait requests did, or the time is up. */
+  struct timespec t0;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (;;) {
+    int64_t left = timeout_ns;
+    if (timeout_ns >= 0) {
+      struct timespec t1;
+      clock_gettime(CLOCK_MONOTONIC, &t1);
+      left = timeout_ns - ((int64_t)(t1.tv_sec - t0.tv_sec) * 1000000000 + (t1.tv_nsec - t0.tv_nsec));
+      if (left < 0) left = 0;
+    }
+    struct __kernel_timespec ts = {left / 1000000000, left % 1000000000};
+    struct io_uring_cqe *cqe;
+    int rc = io_uring_wait_cqes(&c->ring, &cqe, min_wait - got, left < 0 ? NULL : &ts, NULL);
+    if (rc < 0 && rc != -ETIME && rc != -EINTR && rc != -EAGAIN) return got ? (int)got : rc;
+    got += drain_cq(c, cqes + got, max - got);
+    if (got >= min_wait || got == max || rc == -ETIME || left == 0 || rc == -EINTR) return (int)got;
+  }
 }
 
 static const kvt_io_backend uring_backend = {
