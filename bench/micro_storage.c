@@ -32,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/statfs.h>
 #include <time.h>
 #include <unistd.h>
@@ -43,6 +44,7 @@
 #include "dev/dev.h"
 #include "store/record.h"
 #include "util/clock.h"
+#include "util/fault.h"
 
 #define BLOCK_BYTES (2u << 20)
 #define BT 16u
@@ -191,6 +193,15 @@ static double storage_pass(sbench *b, int get, uint32_t round, int staged, doubl
   return rc == 0 && ok == b->n ? (double)b->n * BLOCK_BYTES / s / 1e9 : -1;
 }
 
+/* KVT_BENCH_STORAGE_VECTORED=1: the engine's region is refused as an
+ * io_uring fixed buffer (as a kernel past RLIMIT_MEMLOCK would), so the
+ * straight path goes as one READV / WRITEV per block: the same binary and
+ * file, for comparing the two ways in alternating runs. */
+static int refuse_fixed(void *ctx, int site, int64_t arg) {
+  (void)ctx, (void)arg;
+  return site == KVT_FAULT_IO_BUF_REGISTER ? -ENOMEM : 0;
+}
+
 static int open_storage(sbench *b, const char *path) {
   kvt_config cfg;
   kvt_config_init(&cfg);
@@ -210,7 +221,10 @@ static int open_storage(sbench *b, const char *path) {
   l.segments = &seg;
   l.flags = KVT_LAYOUT_STORAGE;
   if (rc == 0) rc = kvt_register_layout(b->c, &l);
-  if (rc == 0) rc = kvt_register_memory(b->c, b->engine, (size_t)ENGINE_BLOCKS * BLOCK_BYTES, KVT_MEM_HOST, &b->reg);
+  const char *vec = getenv("KVT_BENCH_STORAGE_VECTORED");
+  if (vec && *vec == '1') kvt__fault_set(refuse_fixed, NULL);
+  if (rc == 0) rc = kvt_register_memory(b->c, b->engine, (size_t)ENGINE_BLOCKS * BLOCK_BYTES, KVT_MEM_HOST_FIXED, &b->reg);
+  kvt__fault_set(NULL, NULL);
   for (uint64_t i = 0; rc == 0 && i < b->n; i++) {
     b->pieces[i] = (kvt_piece){.region = b->reg, .offset = (i % ENGINE_BLOCKS) * BLOCK_BYTES, .len = BLOCK_BYTES};
     b->staged[i] = (kvt_piece){.ptr = b->engine + (i % ENGINE_BLOCKS) * BLOCK_BYTES, .len = BLOCK_BYTES};
@@ -310,6 +324,10 @@ static int disk_rows(const kvt_bench_micro_opts *o, kvt_bench_rows *rows) {
   b.pieces = malloc(b.n * sizeof *b.pieces);
   b.staged = malloc(b.n * sizeof *b.staged);
   if (!b.keys || !b.pieces || !b.staged) rc = -ENOMEM;
+  /* KVT_BENCH_STORAGE_SMALL_PAGES=1: the engine's memory in 4 KiB pages
+   * (an engine that does not ask for huge pages), before it is touched. */
+  const char *small = getenv("KVT_BENCH_STORAGE_SMALL_PAGES");
+  if (rc == 0 && small && *small == '1') madvise(b.engine, (size_t)ENGINE_BLOCKS * BLOCK_BYTES, MADV_NOHUGEPAGE);
   if (rc == 0) {
     memset(b.engine, 0x5a, (size_t)ENGINE_BLOCKS * BLOCK_BYTES);
     memset(raw, 0xa5, RAW_QD * rec);
@@ -333,11 +351,17 @@ static int disk_rows(const kvt_bench_micro_opts *o, kvt_bench_rows *rows) {
     staging_costs(&b, raw, rec, &copy_s, &sum_s);
     static const char *name[2] = {"put-from 2 MiB blocks, engine memory -> disk",
                                   "get-into 2 MiB blocks, disk -> engine memory"};
+    kvt_stats st = {.size = sizeof st};
+    kvt_get_stats(b.c, &st);
     for (int w = 0; w < 2; w++) {
-      char note[200], detail[900];
+      char note[200], detail[1000];
       snprintf(note, sizeof note, "straight path; limit: raw O_DIRECT io_uring %s, same records and file, best of "
                "qd8/qd32/qd32 fixed/qd32 vectored; medians of %d rounds", w ? "reads" : "writes", rounds);
       storage_detail(detail, sizeof detail, &b, rounds, med, lo, hi, cmed, w, copy_s, sum_s);
+      size_t dl = strlen(detail);
+      snprintf(detail + dl, sizeof detail - dl, "; blocks straight %llu (of which io_uring fixed buffers %llu), staged %llu",
+               (unsigned long long)st.storage_blocks_straight, (unsigned long long)st.storage_blocks_fixed,
+               (unsigned long long)st.storage_blocks_staged);
       kvt_bench_row(rows, name[w], "GB/s", med[w ? P_GET : P_PUT], med[w ? P_RAW_R : P_RAW_W], 0.9, note);
       kvt_bench_row_detail(rows, detail);
     }

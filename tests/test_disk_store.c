@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
+#include <sys/utsname.h>
 #include <unistd.h>
 
 #include "store/disk_store.h"
@@ -1499,6 +1500,214 @@ static void test_store_threads_are_named(void **state) {
   assert_int_equal(threads_named("kvt-disk-reap"), 1); /* the first store's are gone */
 }
 
+/* ---- fixed buffers (records in pieces inside registered buffers) ---- */
+
+/* The record as three pieces: the prefix, then the payload's pages in two
+ * runs of `pay`, the second run first (not adjacent). */
+typedef struct fixed_rec {
+  char *prefix, *pay;
+  size_t pay_len;
+  struct iovec iov[3];
+} fixed_rec;
+
+static void fixed_rec_init(fx *f, fixed_rec *r) {
+  size_t pre = kvt__record_prefix_bytes(BT);
+  r->pay_len = f->rec_bytes - pre;
+  r->prefix = aligned_alloc(4096, pre);
+  r->pay = aligned_alloc(4096, r->pay_len);
+  size_t half = r->pay_len / 4096 / 2 * 4096;
+  r->iov[0] = (struct iovec){r->prefix, pre};
+  r->iov[1] = (struct iovec){r->pay + half, r->pay_len - half};
+  r->iov[2] = (struct iovec){r->pay, half};
+}
+
+static void fixed_rec_free(fixed_rec *r) {
+  free(r->prefix);
+  free(r->pay);
+}
+
+/* Record image <-> pieces. */
+static void fixed_rec_scatter(fixed_rec *r, char *rec, int into_rec) {
+  size_t off = 0;
+  for (int k = 0; k < 3; off += r->iov[k].iov_len, k++) {
+    if (into_rec) memcpy(rec + off, r->iov[k].iov_base, r->iov[k].iov_len);
+    else memcpy(r->iov[k].iov_base, rec + off, r->iov[k].iov_len);
+  }
+}
+
+/* Submits the pieces' write or read of slot; *fixed receives io.fixed. */
+static int fixed_rec_submit(fx *f, fixed_rec *r, waiter *w, int write, uint32_t slot, const kvt_key *k, int *fixed) {
+  g_ws[0] = (wslot){w, 0};
+  kvt__disk_io io = {.slot = slot, .expected_key = k, .arg = &g_ws[0], .iov = r->iov, .n_iov = 3};
+  start(w, 0, 0);
+  int rc = write ? kvt__disk_write_batch(f->d, &io, 1, on_done) : kvt__disk_read_batch(f->d, &io, 1, on_done);
+  assert_int_equal(rc, 1);
+  assert_int_equal(io.status, 0);
+  *fixed = io.fixed;
+  return 0;
+}
+
+static int fixed_rec_io(fx *f, fixed_rec *r, int write, uint32_t slot, uint64_t seed, int *fixed) {
+  waiter *w = waiter_new();
+  kvt_key k = key_of(seed);
+  if (write) {
+    make_rec(host(f, 4), seed);
+    fixed_rec_scatter(r, host(f, 4), 0);
+  } else {
+    memset(r->prefix, 0xee, r->iov[0].iov_len);
+    memset(r->pay, 0xee, r->pay_len);
+  }
+  fixed_rec_submit(f, r, w, write, slot, &k, fixed);
+  waiter_wait(w);
+  int rc = w->status[0];
+  free(w);
+  if (rc || write) return rc;
+  memset(host(f, 5), 0, f->rec_bytes);
+  fixed_rec_scatter(r, host(f, 5), 1);
+  return rec_ok(host(f, 5), seed) ? 0 : -9999;
+}
+
+/* With io_uring, a record whose pieces all lie in registered buffers goes
+ * as fixed-buffer I/O, byte-exact both ways and readable whole; one piece
+ * outside them sends it vectored. The thread pool registers nothing. */
+static void test_fixed_pieces_round_trip(void **state) {
+  fx *f = *state;
+  kvt__disk_info in;
+  kvt__disk_get_info(f->d, &in);
+  struct utsname u;
+  int major = 0, minor = 0;
+  if (uname(&u) == 0) sscanf(u.release, "%d.%d", &major, &minor);
+  if (g_backend == KVT_DISK_URING && (major > 5 || (major == 5 && minor >= 19)))
+    assert_int_equal(in.fixed_vec, 1); /* sparse buffer tables */
+  fixed_rec r;
+  fixed_rec_init(f, &r);
+  int hp = kvt__disk_buf_register(f->d, r.prefix, r.iov[0].iov_len);
+  int hb = kvt__disk_buf_register(f->d, r.pay, r.pay_len);
+  int fixed = -1;
+  if (!in.fixed_vec) {
+    assert_int_equal(hp, KVT_EUNSUPPORTED);
+    assert_int_equal(fixed_rec_io(f, &r, 1, 3, 71, &fixed), 0);
+    assert_int_equal(fixed, 0);
+    assert_int_equal(fixed_rec_io(f, &r, 0, 3, 71, &fixed), 0);
+    assert_int_equal(fixed, 0);
+    fixed_rec_free(&r);
+    return;
+  }
+  assert_true(hp >= 0 && hb >= 0);
+  assert_int_equal(kvt__disk_buf_register(f->d, r.pay + 1, 4096), -EINVAL); /* not page-aligned */
+  assert_int_equal(fixed_rec_io(f, &r, 1, 3, 71, &fixed), 0);
+  assert_int_equal(fixed, 1);
+  assert_int_equal(read_sync(f, 3, 71), 0);
+  assert_int_equal(fixed_rec_io(f, &r, 0, 3, 71, &fixed), 0);
+  assert_int_equal(fixed, 1);
+  assert_int_equal(write_sync(f, 4, 72), 0);
+  assert_int_equal(fixed_rec_io(f, &r, 0, 4, 72, &fixed), 0);
+  assert_int_equal(fixed, 1);
+  kvt__disk_buf_unregister(f->d, hp); /* the prefix outside: vectored */
+  assert_int_equal(fixed_rec_io(f, &r, 1, 5, 73, &fixed), 0);
+  assert_int_equal(fixed, 0);
+  assert_int_equal(fixed_rec_io(f, &r, 0, 5, 73, &fixed), 0);
+  assert_int_equal(fixed, 0);
+  kvt__disk_buf_unregister(f->d, hb);
+  fixed_rec_free(&r);
+}
+
+/* Completions held by the fault hook while g_hold is set. */
+static atomic_int g_hold, g_held;
+static int gate_hook(void *ctx, int site, int64_t arg) {
+  (void)ctx, (void)arg;
+  if (site != KVT_FAULT_IO_DELAY_US) return 0;
+  atomic_fetch_add(&g_held, 1);
+  while (atomic_load(&g_hold)) usleep(200);
+  return 0;
+}
+
+typedef struct unreg_arg {
+  fx *f;
+  int h;
+  atomic_int returned;
+  int held_when_returned;
+} unreg_arg;
+
+static void *unreg_main(void *p) {
+  unreg_arg *a = p;
+  kvt__disk_buf_unregister(a->f->d, a->h);
+  a->held_when_returned = atomic_load(&g_hold);
+  atomic_store(&a->returned, 1);
+  return NULL;
+}
+
+/* Unregistering a buffer waits for the I/O in flight that uses it (its
+ * completion held back here: the op is given back, before done() runs,
+ * only once the kernel is done with the memory), and later records go
+ * vectored. */
+static void test_fixed_unregister_waits_for_io_in_flight(void **state) {
+  fx *f = *state;
+  kvt__disk_info in;
+  kvt__disk_get_info(f->d, &in);
+  if (!in.fixed_vec) return; /* the thread pool: nothing registered */
+  fixed_rec r;
+  fixed_rec_init(f, &r);
+  int hp = kvt__disk_buf_register(f->d, r.prefix, r.iov[0].iov_len);
+  int hb = kvt__disk_buf_register(f->d, r.pay, r.pay_len);
+  assert_true(hp >= 0 && hb >= 0);
+  make_rec(host(f, 4), 81);
+  fixed_rec_scatter(&r, host(f, 4), 0);
+  atomic_store(&g_held, 0);
+  atomic_store(&g_hold, 1);
+  kvt__fault_set(gate_hook, NULL);
+  waiter *w = waiter_new();
+  int fixed = 0;
+  fixed_rec_submit(f, &r, w, 1, 6, NULL, &fixed);
+  assert_int_equal(fixed, 1);
+  unreg_arg a = {.f = f, .h = hb};
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, unreg_main, &a), 0);
+  usleep(100000);
+  assert_int_equal(atomic_load(&a.returned), 0); /* still waiting */
+  atomic_store(&g_hold, 0);
+  pthread_join(t, NULL);
+  kvt__fault_set(NULL, NULL);
+  assert_true(atomic_load(&g_held) >= 1);
+  assert_int_equal(a.held_when_returned, 0); /* it returned once the write's completion was let through */
+  waiter_wait(w);
+  assert_int_equal(w->status[0], 0);
+  free(w);
+  assert_int_equal(read_sync(f, 6, 81), 0);
+  assert_int_equal(fixed_rec_io(f, &r, 0, 6, 81, &fixed), 0);
+  assert_int_equal(fixed, 0); /* the payload's buffer is gone from the table */
+  kvt__disk_buf_unregister(f->d, hp);
+  fixed_rec_free(&r);
+}
+
+/* An I/O error or a short transfer of a fixed record fails it as a whole
+ * (the store's status), and the buffers' uses are given back. */
+static void test_fixed_io_error_fails_the_record(void **state) {
+  fx *f = *state;
+  kvt__disk_info in;
+  kvt__disk_get_info(f->d, &in);
+  if (!in.fixed_vec) return;
+  fixed_rec r;
+  fixed_rec_init(f, &r);
+  int hp = kvt__disk_buf_register(f->d, r.prefix, r.iov[0].iov_len);
+  int hb = kvt__disk_buf_register(f->d, r.pay, r.pay_len);
+  assert_true(hp >= 0 && hb >= 0);
+  int fixed = 0;
+  fault_plan p = {KVT_FAULT_IO_COMPLETE, -EIO, 1};
+  kvt__fault_set(fault_hook, &p);
+  assert_int_equal(fixed_rec_io(f, &r, 1, 7, 91, &fixed), -EIO);
+  assert_int_equal(fixed, 1);
+  p = (fault_plan){KVT_FAULT_IO_COMPLETE, 4096, 1};
+  assert_int_equal(fixed_rec_io(f, &r, 1, 7, 91, &fixed), -EIO); /* short */
+  kvt__fault_set(NULL, NULL);
+  assert_int_equal(fixed_rec_io(f, &r, 1, 7, 92, &fixed), 0);
+  assert_int_equal(fixed_rec_io(f, &r, 0, 7, 92, &fixed), 0);
+  assert_int_equal(fixed, 1);
+  kvt__disk_buf_unregister(f->d, hp); /* returns: no use left behind */
+  kvt__disk_buf_unregister(f->d, hb);
+  fixed_rec_free(&r);
+}
+
 #define CASE(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
 
 static int run_suite(const char *name) {
@@ -1525,7 +1734,8 @@ static int run_suite(const char *name) {
       CASE(test_pieces_round_trip_both_ways), CASE(test_pieces_round_trip_of_a_big_record),
       CASE(test_pieces_fail_like_records), CASE(test_pieces_of_the_wrong_shape),
       CASE(test_verify_later_reads_are_checked_by_the_caller), CASE(test_verify_later_reads_of_big_records),
-      CASE(test_store_threads_are_named),
+      CASE(test_store_threads_are_named), CASE(test_fixed_pieces_round_trip),
+      CASE(test_fixed_unregister_waits_for_io_in_flight), CASE(test_fixed_io_error_fails_the_record),
   };
   return _cmocka_run_group_tests(name, tests, sizeof tests / sizeof tests[0], NULL, NULL);
 }

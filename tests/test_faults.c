@@ -1615,7 +1615,8 @@ int main(void) {
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   static const char *names[KVT_FAULT_SITE_COUNT] = {"corrupt records", "DEV_SUBMIT", "DEV_COMPLETE", "DEV_DELAY",
                                                     "IO_SUBMIT", "IO_COMPLETE", "IO_DELAY", "HOST_ALLOC", "PIN",
-                                                    "ALLOC", "PREALLOC", "STORE_OP_DELAY"};
+                                                    "ALLOC", "PREALLOC", "DISK_SYNC", "STORE_OP_DELAY",
+                                                    "IO_BUF_REGISTER"};
   long total = 0;
   printf("faults injected:");
   for (int s = 0; s < KVT_FAULT_SITE_COUNT; s++) {

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -137,6 +138,41 @@ static int run_one(fixture *f, kvt_io_req *r) {
   assert_ptr_equal(cqe.user, r);
   return cqe.res;
 }
+
+/* A pool buffer the kernel will not pin (a shared file mapping: the
+ * kernel refuses long-term pins of such pages) among pinnable ones: the
+ * backend falls back to plain reads and writes for the whole pool rather
+ * than half-register it (a half-registered pool failed every I/O from the
+ * unregistered part with -EFAULT). Every buffer's writes and reads land. */
+static void test_pool_the_kernel_cannot_pin(void **state) {
+  fixture *f = *state;
+  enum { LEN = 1 << 20 };
+  char mpath[4200];
+  int mfd = open_file(mpath, sizeof mpath);
+  assert_true(mfd >= 0);
+  assert_int_equal(ftruncate(mfd, LEN), 0);
+  void *b[3] = {xalloc(LEN), xalloc(LEN), mmap(NULL, LEN, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0)};
+  assert_true(b[2] != MAP_FAILED);
+  size_t lens[3] = {LEN, LEN, LEN};
+  be_open(f, 8, (const void *const *)b, lens, 3);
+  for (int i = 0; i < 3; i++) {
+    kvt_test_fill(b[i], LEN, 40 + (uint64_t)i);
+    kvt_io_req w = {KVT_IO_WRITE, i, (uint64_t)i * LEN, b[i], LEN, &w};
+    assert_int_equal(run_one(f, &w), LEN);
+  }
+  for (int i = 0; i < 3; i++) {
+    memset(b[i], 0, LEN);
+    kvt_io_req r = {KVT_IO_READ, i, (uint64_t)i * LEN, b[i], LEN, &r};
+    assert_int_equal(run_one(f, &r), LEN);
+    assert_true(kvt_test_check(b[i], LEN, 40 + (uint64_t)i));
+  }
+  munmap(b[2], LEN);
+  free(b[0]);
+  free(b[1]);
+  close(mfd);
+  unlink(mpath);
+}
+
 
 /* READV/WRITEV: a record written from pieces scattered in memory reads
  * back whole and into other pieces, byte-exact; the completion counts the
@@ -317,7 +353,7 @@ static int refuse_open(const kvt_io_open_args *a, void **ctx) {
 static void test_auto_falls_back_when_refused(void **state) {
   fixture *f = *state;
   static const kvt_io_backend refusing = {KVT_IO_BACKEND_VERSION, "fake_uring", refuse_open,
-                                          NULL, NULL, NULL, 0};
+                                          NULL, NULL, NULL, 0, NULL, NULL};
   const kvt_io_backend *list[2] = {&refusing, kvt_io_backend_threads()};
   kvt_io_open_args a = {.fd = f->fd, .queue_depth = 4};
   kvt__io io;
@@ -338,6 +374,7 @@ static int run_suite(const char *name) {
       CASE(test_short_read_at_eof_and_fsync), CASE(test_reap_timeout_empty),
       CASE(test_wrapper_submit_fault),      CASE(test_wrapper_complete_fault),
       CASE(test_auto_falls_back_when_refused), CASE(test_vectored_round_trip),
+      CASE(test_pool_the_kernel_cannot_pin),
   };
   return _cmocka_run_group_tests(name, tests, sizeof tests / sizeof tests[0], NULL, NULL);
 }

@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/utsname.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "helpers.h"
@@ -551,16 +553,34 @@ static void drain_waits_for_storage_jobs(void **s) {
 /* Counts the storage requests submitted, by op (the fault hook sees every
  * one), and fails the `fail_nth` completion (1-based) with `fail_code`. */
 typedef struct io_tally {
-  atomic_int ops[KVT_IO_WRITEV + 1];
+  atomic_int ops[KVT_IO_WRITEV_FIXED + 1];
   atomic_int completions;
   int fail_nth, fail_code;
+  int refuse_register; /* the kernel's refusal of fixed buffers, injected */
 } io_tally;
 
 static int tally_hook(void *ctx, int site, int64_t arg) {
   io_tally *t = ctx;
-  if (site == KVT_FAULT_IO_SUBMIT && arg >= 0 && arg <= KVT_IO_WRITEV) atomic_fetch_add(&t->ops[arg], 1);
+  if (site == KVT_FAULT_IO_SUBMIT && arg >= 0 && arg <= KVT_IO_WRITEV_FIXED) atomic_fetch_add(&t->ops[arg], 1);
   if (site == KVT_FAULT_IO_COMPLETE && atomic_fetch_add(&t->completions, 1) + 1 == t->fail_nth) return t->fail_code;
+  if (site == KVT_FAULT_IO_BUF_REGISTER) return t->refuse_register;
   return 0;
+}
+
+/* Records in pieces submitted: vectored, or as fixed-buffer ops. */
+static int vec_ops(io_tally *t, int write) {
+  return atomic_load(&t->ops[write ? KVT_IO_WRITEV : KVT_IO_READV]) +
+         atomic_load(&t->ops[write ? KVT_IO_WRITEV_FIXED : KVT_IO_READV_FIXED]);
+}
+
+/* The straight path goes as fixed-buffer ops: io_uring on a kernel with
+ * sparse buffer tables (5.19). */
+static int fixed_expected(kvt_cache *c) {
+  struct utsname u;
+  int major = 0, minor = 0;
+  if (strcmp(kvt_disk_backend_name(c), "io_uring") != 0 || uname(&u) != 0) return 0;
+  sscanf(u.release, "%d.%d", &major, &minor);
+  return major > 5 || (major == 5 && minor >= 19);
 }
 
 static void tally_start(io_tally *t, int fail_nth, int fail_code) {
@@ -585,7 +605,7 @@ static void pool_open(sfix *f, pool *p) {
   p->mem = aligned_alloc(4096, (size_t)NB * PLACE);
   assert_non_null(p->mem);
   memset(p->mem, 0, (size_t)NB * PLACE);
-  assert_int_equal(kvt_register_memory(f->c, p->mem, (size_t)NB * PLACE, KVT_MEM_HOST, &p->reg), 0);
+  assert_int_equal(kvt_register_memory(f->c, p->mem, (size_t)NB * PLACE, KVT_MEM_HOST_FIXED, &p->reg), 0);
 }
 
 static void pool_close(sfix *f, pool *p) {
@@ -665,15 +685,24 @@ static void straight_round_trip(int many) {
   tally_start(&t, 0, 0);
   assert_int_equal(pool_batch(&f, &p, 0, NB, many, NULL, res, &ok), 0);
   assert_int_equal(ok, NB);
-  assert_int_equal(atomic_load(&t.ops[KVT_IO_WRITEV]), NB);
+  assert_int_equal(vec_ops(&t, 1), NB);
   assert_int_equal(atomic_load(&t.ops[KVT_IO_WRITE]), 0);
   memset(p.mem, 0, (size_t)NB * PLACE);
   assert_int_equal(pool_batch(&f, &p, 1, NB, many, NULL, res, &ok), 0);
   kvt__fault_set(NULL, NULL);
   assert_int_equal(ok, NB);
-  assert_int_equal(atomic_load(&t.ops[KVT_IO_READV]), NB);
+  assert_int_equal(vec_ops(&t, 0), NB);
   assert_int_equal(atomic_load(&t.ops[KVT_IO_READ]), 0);
   for (uint32_t b = 0; b < NB; b++) assert_true(pool_check(&p, b, many, 300 + b));
+  /* With io_uring every record went as fixed-buffer ops: the region and
+   * the prefixes are in its table. */
+  int fx = fixed_expected(f.c);
+  assert_int_equal(atomic_load(&t.ops[KVT_IO_WRITEV_FIXED]), fx ? NB : 0);
+  assert_int_equal(atomic_load(&t.ops[KVT_IO_READV_FIXED]), fx ? NB : 0);
+  kvt_stats st = {.size = sizeof st};
+  assert_int_equal(kvt_get_stats(f.c, &st), 0);
+  assert_int_equal(st.storage_blocks_straight, 2 * NB);
+  assert_int_equal(st.storage_blocks_fixed, fx ? 2 * NB : 0);
   /* Pages between the pieces were never written. */
   if (many)
     for (uint32_t b = 0; b < NB; b++)
@@ -689,6 +718,104 @@ static void straight_round_trip_on_the_thread_backend(void **s) {
   backend = KVT_DISK_THREADS; /* preadv / pwritev */
   straight_round_trip(1);
   backend = KVT_DISK_AUTO;
+}
+
+/* When the kernel refuses to register a region's pages (RLIMIT_MEMLOCK,
+ * memory it cannot pin), its blocks still go straight, as one vectored
+ * I/O each, byte-exact; registered again (the kernel takes it now), they
+ * go as fixed-buffer ops. */
+static void fixed_registration_refused_falls_back(void **s) {
+  sfix f;
+  sfix_open(&f, 0, 64, 1);
+  int fx = fixed_expected(f.c);
+  io_tally t;
+  tally_start(&t, 0, 0);
+  t.refuse_register = -ENOMEM;
+  pool p;
+  pool_open(&f, &p);
+  t.refuse_register = 0;
+  for (uint32_t b = 0; b < NB; b++) pool_fill(&p, b, 1, 350 + b);
+  int32_t res[NB];
+  uint32_t ok = 0;
+  assert_int_equal(pool_batch(&f, &p, 0, NB, 1, NULL, res, &ok), 0);
+  memset(p.mem, 0, (size_t)NB * PLACE);
+  assert_int_equal(pool_batch(&f, &p, 1, NB, 1, NULL, res, &ok), 0);
+  assert_int_equal(ok, NB);
+  for (uint32_t b = 0; b < NB; b++) assert_true(pool_check(&p, b, 1, 350 + b));
+  assert_int_equal(atomic_load(&t.ops[KVT_IO_WRITEV]), NB);
+  assert_int_equal(atomic_load(&t.ops[KVT_IO_READV]), NB);
+  assert_int_equal(atomic_load(&t.ops[KVT_IO_WRITEV_FIXED]) + atomic_load(&t.ops[KVT_IO_READV_FIXED]), 0);
+  kvt_stats st = {.size = sizeof st};
+  assert_int_equal(kvt_get_stats(f.c, &st), 0);
+  assert_int_equal(st.storage_blocks_straight, 2 * NB);
+  assert_int_equal(st.storage_blocks_fixed, 0);
+  /* The same memory registered again, and taken. */
+  assert_int_equal(kvt_unregister_memory(f.c, p.reg), 0);
+  assert_int_equal(kvt_register_memory(f.c, p.mem, (size_t)NB * PLACE, KVT_MEM_HOST_FIXED, &p.reg), 0);
+  memset(p.mem, 0, (size_t)NB * PLACE);
+  tally_start(&t, 0, 0);
+  assert_int_equal(pool_batch(&f, &p, 1, NB, 1, NULL, res, &ok), 0);
+  kvt__fault_set(NULL, NULL);
+  assert_int_equal(ok, NB);
+  for (uint32_t b = 0; b < NB; b++) assert_true(pool_check(&p, b, 1, 350 + b));
+  assert_int_equal(atomic_load(&t.ops[KVT_IO_READV_FIXED]), fx ? NB : 0);
+  assert_int_equal(kvt_get_stats(f.c, &st), 0);
+  assert_int_equal(st.storage_blocks_fixed, fx ? NB : 0);
+  pool_close(&f, &p);
+  sfix_close(&f);
+}
+
+/* Completions held by the fault hook while g_hold is set. */
+static atomic_int g_hold, g_held;
+static int hold_hook(void *ctx, int site, int64_t arg) {
+  (void)ctx, (void)arg;
+  if (site != KVT_FAULT_IO_DELAY_US) return 0;
+  atomic_fetch_add(&g_held, 1);
+  while (atomic_load(&g_hold)) usleep(200);
+  return 0;
+}
+
+/* A region whose fixed-buffer I/O is in flight cannot be unregistered
+ * (the job uses it: KVT_EBUSY); once the job is over it can, and the
+ * memory can be registered again. */
+static void unregister_while_fixed_io_in_flight(void **s) {
+  sfix f;
+  sfix_open(&f, 0, 64, 1);
+  pool p;
+  pool_open(&f, &p);
+  for (uint32_t b = 0; b < NB; b++) pool_fill(&p, b, 0, 370 + b);
+  kvt_piece pc[NB];
+  for (uint32_t b = 0; b < NB; b++) pc[b] = (kvt_piece){.region = p.reg, .offset = piece_off(b, 0, 0), .len = BLOCK};
+  kvt_batch bt;
+  kvt_batch_init(&bt);
+  bt.n_blocks = NB;
+  bt.keys = f.keys;
+  bt.tokens = f.tokens;
+  bt.pieces = pc;
+  atomic_store(&g_held, 0);
+  atomic_store(&g_hold, 1);
+  kvt__fault_set(hold_hook, NULL);
+  kvt_job job;
+  assert_int_equal(kvt_put_from(f.c, &bt, &job), 1);
+  while (atomic_load(&g_held) == 0) usleep(200);
+  assert_int_equal(kvt_unregister_memory(f.c, p.reg), KVT_EBUSY);
+  atomic_store(&g_hold, 0);
+  assert_int_equal(kvt_storage_wait(f.c, job, -1), 0);
+  kvt__fault_set(NULL, NULL);
+  assert_int_equal(kvt_storage_release(f.c, job), 0);
+  kvt_stats st = {.size = sizeof st};
+  assert_int_equal(kvt_get_stats(f.c, &st), 0);
+  assert_int_equal(st.storage_blocks_fixed, fixed_expected(f.c) ? NB : 0);
+  assert_int_equal(kvt_unregister_memory(f.c, p.reg), 0);
+  assert_int_equal(kvt_register_memory(f.c, p.mem, (size_t)NB * PLACE, KVT_MEM_HOST_FIXED, &p.reg), 0);
+  int32_t res[NB];
+  uint32_t ok = 0;
+  memset(p.mem, 0, (size_t)NB * PLACE);
+  assert_int_equal(pool_batch(&f, &p, 1, NB, 0, NULL, res, &ok), 0);
+  assert_int_equal(ok, NB);
+  for (uint32_t b = 0; b < NB; b++) assert_true(pool_check(&p, b, 0, 370 + b));
+  pool_close(&f, &p);
+  sfix_close(&f);
 }
 
 /* One batch mixing straight and staged blocks runs both paths; records
@@ -729,7 +856,7 @@ static void straight_and_staged_blocks_in_one_batch(void **s) {
   assert_int_equal(kvt_put_from(f.c, &bt, &job), 1);
   assert_int_equal(kvt_storage_wait(f.c, job, -1), 0);
   assert_int_equal(kvt_storage_release(f.c, job), 0);
-  assert_int_equal(atomic_load(&t.ops[KVT_IO_WRITEV]), straight);
+  assert_int_equal(vec_ops(&t, 1), straight);
   assert_int_equal(atomic_load(&t.ops[KVT_IO_WRITE]), NB - straight);
   kvt_stats st = {.size = sizeof st};
   assert_int_equal(kvt_get_stats(f.c, &st), 0);
@@ -743,7 +870,7 @@ static void straight_and_staged_blocks_in_one_batch(void **s) {
   assert_int_equal(pool_batch(&f, &p, 1, NB, 0, other, res, &ok), 0);
   kvt__fault_set(NULL, NULL);
   assert_int_equal(ok, NB);
-  assert_int_equal(atomic_load(&t.ops[KVT_IO_READV]), NB - straight);
+  assert_int_equal(vec_ops(&t, 0), NB - straight);
   assert_int_equal(atomic_load(&t.ops[KVT_IO_READ]), straight);
   assert_int_equal(kvt_get_stats(f.c, &st), 0);
   assert_int_equal(st.storage_blocks_straight, NB); /* straight + (NB - straight) */
@@ -797,6 +924,7 @@ static void straight_io_errors_fail_their_blocks(int code) {
   assert_int_equal(st.io_errors, 2);
   /* Failed blocks did not land: puts NB - 1, then the one again, gets NB - 1. */
   assert_int_equal(st.storage_blocks_straight, NB + NB - 1);
+  assert_int_equal(st.storage_blocks_fixed, fixed_expected(f.c) ? NB + NB - 1 : 0);
   assert_int_equal(st.storage_blocks_staged, 0);
   pool_close(&f, &p);
   sfix_close(&f);
@@ -828,7 +956,7 @@ static void straight_gets_of_spilled_blocks(void **s) {
   assert_int_equal(pool_batch(&f, &p, 1, NB, 1, NULL, res, &ok), 0);
   kvt__fault_set(NULL, NULL);
   assert_int_equal(ok, NB);
-  assert_int_equal(atomic_load(&t.ops[KVT_IO_READV]), r.n_disk);
+  assert_int_equal(vec_ops(&t, 0), r.n_disk);
   assert_int_equal(atomic_load(&t.ops[KVT_IO_READ]), 0);
   for (uint32_t b = 0; b < NB; b++) assert_true(pool_check(&p, b, 1, 800 + b));
   /* Only the gets from disk count: puts to the host pool and their spills do not. */
@@ -891,7 +1019,7 @@ static void straight_checksum_failures_fail_their_blocks(void **s) {
   tally_start(&t, 0, 0);
   assert_int_equal(pool_batch(&f, &p, 1, NB, 1, NULL, res, &ok), KVT_ECORRUPT);
   kvt__fault_set(NULL, NULL);
-  assert_int_equal(atomic_load(&t.ops[KVT_IO_READV]), NB);
+  assert_int_equal(vec_ops(&t, 0), NB);
   assert_int_equal(ok, 5);
   for (uint32_t b = 0; b < NB; b++) {
     if (b == 5 || b == 9) assert_int_equal(res[b], KVT_ECORRUPT);
@@ -935,6 +1063,52 @@ static void straight_blocks_survive_a_reopen(void **s) {
   sfix_close(&f);
 }
 
+/* A KVT_MEM_HOST region is not pinned: the engine may discard and refill
+ * its pages while it is registered (an allocator giving memory back), and
+ * puts and gets still move the bytes it holds now. */
+static void plain_host_region_pages_may_be_replaced(void **s) {
+  (void)s;
+  sfix f;
+  sfix_open(&f, 0, 64, 1);
+  size_t len = (size_t)NB * PLACE;
+  char *mem = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  assert_true(mem != MAP_FAILED);
+  memset(mem, 0x5a, len);
+  kvt_region reg;
+  assert_int_equal(kvt_register_memory(f.c, mem, len, KVT_MEM_HOST, &reg), 0);
+  assert_int_equal(madvise(mem, len, MADV_DONTNEED), 0);
+  kvt_piece pc[NB];
+  for (uint32_t b = 0; b < NB; b++) {
+    kvt_test_fill(mem + (size_t)b * PLACE, BLOCK, 990 + b);
+    pc[b] = (kvt_piece){.region = reg, .offset = (uint64_t)b * PLACE, .len = BLOCK};
+  }
+  kvt_batch bt;
+  kvt_batch_init(&bt);
+  bt.n_blocks = NB;
+  bt.keys = f.keys;
+  bt.tokens = f.tokens;
+  bt.pieces = pc;
+  kvt_job job;
+  int32_t res[NB];
+  uint32_t ok = 0;
+  assert_int_equal(kvt_put_from(f.c, &bt, &job), 1);
+  assert_int_equal(kvt_storage_wait(f.c, job, -1), 0);
+  assert_int_equal(kvt_storage_release(f.c, job), 0);
+  memset(mem, 0, len);
+  assert_int_equal(kvt_get_into(f.c, &bt, &job), 1);
+  assert_int_equal(kvt_storage_wait(f.c, job, -1), 0);
+  assert_int_equal(kvt_storage_results(f.c, job, res, NB, &ok), 0);
+  assert_int_equal(kvt_storage_release(f.c, job), 0);
+  assert_int_equal(ok, NB);
+  for (uint32_t b = 0; b < NB; b++) assert_true(kvt_test_check(mem + (size_t)b * PLACE, BLOCK, 990 + b));
+  kvt_stats st = {.size = sizeof st};
+  assert_int_equal(kvt_get_stats(f.c, &st), 0);
+  assert_int_equal(st.storage_blocks_fixed, 0); /* never pinned */
+  assert_int_equal(kvt_unregister_memory(f.c, reg), 0);
+  munmap(mem, len);
+  sfix_close(&f);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(round_trip_host_one_piece),
@@ -943,6 +1117,7 @@ int main(void) {
       cmocka_unit_test(round_trip_disk_only_many_pieces),
       cmocka_unit_test(round_trip_through_the_cascade),
       cmocka_unit_test(registered_region_round_trip),
+      cmocka_unit_test(plain_host_region_pages_may_be_replaced),
       cmocka_unit_test(get_stops_at_k_and_at_the_prefix),
       cmocka_unit_test(tokens_that_differ_fail_their_block),
       cmocka_unit_test(io_errors_fail_their_blocks_only),
@@ -957,6 +1132,8 @@ int main(void) {
       cmocka_unit_test(straight_round_trip_one_piece),
       cmocka_unit_test(straight_round_trip_many_pieces),
       cmocka_unit_test(straight_round_trip_on_the_thread_backend),
+      cmocka_unit_test(fixed_registration_refused_falls_back),
+      cmocka_unit_test(unregister_while_fixed_io_in_flight),
       cmocka_unit_test(straight_and_staged_blocks_in_one_batch),
       cmocka_unit_test(straight_gets_of_spilled_blocks),
       cmocka_unit_test(straight_io_error_fails_its_block),

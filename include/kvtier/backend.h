@@ -87,7 +87,22 @@ KVT_API const kvt_dev_backend *kvt_dev_backend_cuda(void);
  * buf is a `const struct iovec *` (owned by the caller until the
  * completion), len the number of iovecs (at most 1024), and the completion
  * counts the bytes of all of them. */
-enum { KVT_IO_READ = 0, KVT_IO_WRITE = 1, KVT_IO_FSYNC = 2, KVT_IO_READV = 3, KVT_IO_WRITEV = 4 };
+enum { KVT_IO_READ = 0, KVT_IO_WRITE = 1, KVT_IO_FSYNC = 2, KVT_IO_READV = 3, KVT_IO_WRITEV = 4,
+       KVT_IO_READV_FIXED = 5, KVT_IO_WRITEV_FIXED = 6 };
+
+/* READV_FIXED/WRITEV_FIXED (backends declaring KVT_IO_CAP_FIXED_VEC): as
+ * READV/WRITEV, but every iovec lies inside a buffer registered with
+ * buf_register, named per iovec: buf is a `const kvt_io_fixed_vec *`
+ * (owned by the caller until the completion), len the number of iovecs (at
+ * most KVT_IO_MAX_FIXED_VEC). io_uring issues it as one READ_FIXED /
+ * WRITE_FIXED per iovec (the kernel then pins nothing per I/O) and reports
+ * one completion: the bytes of all of them, or the first error. */
+#define KVT_IO_MAX_FIXED_VEC 8u
+struct iovec;
+typedef struct kvt_io_fixed_vec {
+  const struct iovec *iov;
+  const uint32_t *buf_index; /* per iovec: the index buf_register gave its buffer */
+} kvt_io_fixed_vec;
 
 typedef struct kvt_io_req {
   int op;            /* KVT_IO_* */
@@ -111,10 +126,11 @@ typedef struct kvt_io_open_args {
   uint32_t n_bufs;
 } kvt_io_open_args;
 
-/* Version 2 appended `caps`. */
-#define KVT_IO_BACKEND_VERSION 2
+/* Version 2 appended `caps`; version 3 buf_register and buf_unregister. */
+#define KVT_IO_BACKEND_VERSION 3
 
-#define KVT_IO_CAP_VECTORED 0x1u /* takes KVT_IO_READV / KVT_IO_WRITEV */
+#define KVT_IO_CAP_VECTORED 0x1u  /* takes KVT_IO_READV / KVT_IO_WRITEV */
+#define KVT_IO_CAP_FIXED_VEC 0x2u /* takes KVT_IO_READV_FIXED / KVT_IO_WRITEV_FIXED (version 3) */
 
 typedef struct kvt_io_backend {
   int version;
@@ -131,6 +147,16 @@ typedef struct kvt_io_backend {
   /* Version >= 2: KVT_IO_CAP_* bits. The disk store sends a backend only
    * the ops its caps name (READ, WRITE and FSYNC always). */
   uint32_t caps;
+  /* Version >= 3 with KVT_IO_CAP_FIXED_VEC: registers [base, base+len)
+   * (4096-aligned) as a fixed buffer after open, into room the backend
+   * reserved at open; *index names it in READV_FIXED/WRITEV_FIXED requests.
+   * Returns 0, -ENOSPC (no room left), or the kernel's refusal (-ENOMEM
+   * past RLIMIT_MEMLOCK, -EFAULT...). May block (the kernel pins the pages).
+   * Safe to call while requests are in flight. */
+  int (*buf_register)(void *ctx, void *base, size_t len, uint32_t *index);
+  /* Forgets a buffer buf_register gave; the caller has no request naming
+   * it in flight any more. */
+  void (*buf_unregister)(void *ctx, uint32_t index);
 } kvt_io_backend;
 
 KVT_API const kvt_io_backend *kvt_io_backend_uring(void);

@@ -34,7 +34,7 @@ __all__ = [
     "model_preset_names", "cost_plan", "cost_breakeven", "cost_recompute_flops",
     "cost_compute_s", "cost_transfer_s", "keys_to_bytes",
     "LIBRARY_PATH", "LogLevel", "OK", "INPROGRESS", "STORE_EVICT", "ACQUIRE_NOWAIT",
-    "LAYOUT_METADATA_ONLY", "MAP_BYTES_PER_BLOCK", "LAYOUT_STORAGE", "KEYS_OPAQUE", "MEM_HOST", "MEM_DEVICE",
+    "LAYOUT_METADATA_ONLY", "MAP_BYTES_PER_BLOCK", "LAYOUT_STORAGE", "KEYS_OPAQUE", "MEM_HOST", "MEM_DEVICE", "MEM_HOST_FIXED",
     "REGION_NONE", "PIECE_DTYPE", "StorageJob", "LookupResult", "pieces",
 ] + list(_ERRORS)
 
@@ -48,6 +48,7 @@ LAYOUT_STORAGE = 0x2
 KEYS_OPAQUE = 0x1
 MEM_HOST = 0
 MEM_DEVICE = 1
+MEM_HOST_FIXED = 2  # pinned for io_uring fixed buffers: its pages must stay put while registered
 REGION_NONE = 0
 globals().update(_ERRORS)
 _ERROR_NAMES = {v: "KVT_" + k for k, v in _ERRORS.items()}
@@ -1113,7 +1114,10 @@ class Cache:
         it (an int): a numpy array, memoryview or writable buffer, a torch
         tensor (its data_ptr; kind=MEM_DEVICE for CUDA memory), or an address
         with nbytes. Pieces then name (region, offset, len). Zero-copy: the
-        cache keeps the object alive until unregister_memory or close."""
+        cache keeps the object alive until unregister_memory or close.
+        kind=MEM_HOST_FIXED pins the pages for io_uring fixed buffers (may
+        block while the kernel pins them; the pages must not be unmapped,
+        remapped or discarded while registered)."""
         if isinstance(buffer, int):
             if nbytes is None:
                 raise ValueError("register_memory: an address needs nbytes")

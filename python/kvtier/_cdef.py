@@ -236,6 +236,7 @@ typedef struct kvt_stats {
   uint32_t remote_degraded;
   uint32_t remote_cluster;
   uint64_t storage_blocks_straight, storage_blocks_staged;
+  uint64_t storage_blocks_fixed;
 } kvt_stats;
 int kvt_get_stats(kvt_cache *c, kvt_stats *st);
 

@@ -197,7 +197,7 @@ static void scratch_put(char *mem, int kept) {
 static kvt_region straight_region(kvt_cache *c, const void *p, size_t len) {
   kvt_region r = KVT_REGION_NONE;
   if (!c->storage || !c->storage->straight || (uintptr_t)p % PAGE ||
-      kvt_register_memory(c, (void *)(uintptr_t)p, len, KVT_MEM_HOST, &r))
+      kvt__register_memory(c, (void *)(uintptr_t)p, len, KVT_MEM_HOST, 0, &r))
     return KVT_REGION_NONE;
   return r;
 }

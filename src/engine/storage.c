@@ -11,6 +11,7 @@
 #include "remote/remote.h"
 #include "store/record.h"
 #include "util/abi.h"
+#include "util/log.h"
 
 #define STORAGE_CHECK(c)                                  \
   do {                                                    \
@@ -32,8 +33,14 @@ int kvt__storage_layout_ok(kvt_cache *c, const kvt_layout *l) {
   return 0;
 }
 
-static void storage_free(kvt__storage *s, uint32_t n_jobs) {
+static void storage_free(kvt_cache *c, kvt__storage *s, uint32_t n_jobs) {
   size_t ring = s->ring_bytes;
+  /* The disk store forgets fixed buffers before their memory goes (no I/O
+   * is in flight by now). */
+  for (uint32_t r = 0; c->disk && r < KVT__MAX_REGIONS; r++)
+    if (s->regions[r].used && s->regions[r].fixed >= 0) kvt__disk_buf_unregister(c->disk, s->regions[r].fixed);
+  for (uint32_t w = 0; c->disk && s->workers && w < s->n_workers; w++)
+    if (s->workers[w].prefix_fixed >= 0) kvt__disk_buf_unregister(c->disk, s->workers[w].prefix_fixed);
   if (s->jobs)
     for (uint32_t j = 0; j < n_jobs; j++) {
       free(s->jobs[j].blocks);
@@ -78,6 +85,7 @@ static int storage_alloc(kvt_cache *c, kvt__storage *s) {
   s->n_workers = want > 4 ? 4 : want;
   s->workers = calloc(s->n_workers, sizeof *s->workers);
   if (!s->workers) return -ENOMEM;
+  for (uint32_t w = 0; w < s->n_workers; w++) s->workers[w].prefix_fixed = -1;
   /* Disk and remote I/O go through each worker's ring of aligned record
    * images, in memory with the host pool's huge-page hint (a staged record
    * is then a few physically contiguous segments for the block device, not
@@ -112,6 +120,10 @@ static int storage_alloc(kvt_cache *c, kvt__storage *s) {
       wk->straight[k].rec = (char *)pre + k * prefix;
       wk->straight[k].iov = iov + (size_t)k * KVT__STRAIGHT_IOV;
     }
+    /* The prefixes are fixed buffers too, so a record whose pieces lie in
+     * registered regions goes all fixed (else it goes vectored). */
+    int h = kvt__disk_buf_register(c->disk, pre, prefix * KVT__STRAIGHT_DEPTH);
+    wk->prefix_fixed = h < 0 ? -1 : h;
   }
   return 0;
 }
@@ -121,7 +133,7 @@ int kvt__storage_init(kvt_cache *c) {
   if (!s) return -ENOMEM;
   int rc = storage_alloc(c, s);
   if (rc) {
-    storage_free(s, c->cfg.max_jobs);
+    storage_free(c, s, c->cfg.max_jobs);
     return rc;
   }
   pthread_cond_init(&s->work, NULL);
@@ -157,15 +169,34 @@ void kvt__storage_fini(kvt_cache *c) {
   }
   pthread_cond_destroy(&s->work);
   kvt_drain(c); /* spills the workers' puts started */
-  storage_free(s, c->cfg.max_jobs);
+  storage_free(c, s, c->cfg.max_jobs);
   c->storage = NULL;
 }
 
 /* ---- regions ---- */
 
+/* The page-aligned part of a host region goes to the disk store as a fixed
+ * buffer (pinned once by the kernel, not at every I/O), when the store
+ * takes them; -1 when not (too small, no disk tier, the thread pool, the
+ * kernel refused: the straight path then uses plain vectored I/O). */
+static int region_fixed(kvt_cache *c, char *base, size_t len) {
+  if (!c->disk || !c->storage->straight) return -1;
+  uintptr_t a = kvt__align_up((uintptr_t)base, KVT_RECORD_ALIGN), b = ((uintptr_t)base + len) & ~(uintptr_t)(KVT_RECORD_ALIGN - 1);
+  if (b <= a) return -1;
+  int h = kvt__disk_buf_register(c->disk, (void *)a, b - a);
+  if (h < 0 && h != KVT_EUNSUPPORTED)
+    kvt__log(KVT_LOG_INFO, "storage: region of %zu bytes not registered with io_uring (%s): plain vectored I/O",
+             len, kvt_strerror(h));
+  return h < 0 ? -1 : h;
+}
+
 int kvt_register_memory(kvt_cache *c, void *base, size_t len, int kind, kvt_region *region) {
+  return kvt__register_memory(c, base, len, kind, 1, region);
+}
+
+int kvt__register_memory(kvt_cache *c, void *base, size_t len, int kind, int fixed, kvt_region *region) {
   STORAGE_CHECK(c);
-  if (!base || !len || !region || (kind != KVT_MEM_HOST && kind != KVT_MEM_DEVICE) ||
+  if (!base || !len || !region || (kind != KVT_MEM_HOST && kind != KVT_MEM_DEVICE && kind != KVT_MEM_HOST_FIXED) ||
       (uintptr_t)base > UINTPTR_MAX - len)
     return -EINVAL;
   if (kind == KVT_MEM_DEVICE) {
@@ -185,10 +216,19 @@ int kvt_register_memory(kvt_cache *c, void *base, size_t len, int kind, kvt_regi
     if ((char *)base < g->base + g->len && g->base < (char *)base + len) rc = -EINVAL;
   }
   if (rc == 0 && slot == KVT__NONE) rc = -ENOSPC;
+  fixed = fixed && rc == 0 && kind == KVT_MEM_HOST_FIXED;
   if (rc == 0) {
-    s->regions[slot] = (kvt__region){.base = base, .len = len, .kind = kind, .used = 1};
+    s->regions[slot] = (kvt__region){.base = base, .len = len, .kind = kind, .used = 1, .busy = (uint8_t)fixed, .fixed = -1};
     *region = slot + 1;
   }
+  pthread_mutex_unlock(&c->lock);
+  if (!fixed) return rc;
+  /* Outside the lock: the kernel pins the region's pages (long for a big
+   * one). Meanwhile the region works, with plain vectored I/O. */
+  int h = region_fixed(c, base, len);
+  pthread_mutex_lock(&c->lock);
+  s->regions[slot].fixed = h;
+  s->regions[slot].busy = 0;
   pthread_mutex_unlock(&c->lock);
   return rc;
 }
@@ -198,10 +238,20 @@ int kvt_unregister_memory(kvt_cache *c, kvt_region region) {
   if (region == KVT_REGION_NONE || region > KVT__MAX_REGIONS) return KVT_ENOJOB;
   pthread_mutex_lock(&c->lock);
   kvt__region *g = &c->storage->regions[region - 1];
-  int rc = !g->used ? KVT_ENOJOB : g->users ? KVT_EBUSY : 0;
-  if (rc == 0) g->used = 0;
+  int rc = !g->used || g->dying ? KVT_ENOJOB : g->users || g->busy ? KVT_EBUSY : 0;
+  int h = rc == 0 ? g->fixed : -1;
+  if (rc == 0 && h < 0) g->used = 0;
+  if (rc == 0 && h >= 0) g->dying = 1, g->fixed = -1; /* no new job names it */
   pthread_mutex_unlock(&c->lock);
-  return rc;
+  if (rc || h < 0) return rc;
+  /* The disk store waits for I/Os still naming its pages (none once the
+   * region's jobs are over: a safety net), then the kernel unpins them. */
+  kvt__disk_buf_unregister(c->disk, h);
+  pthread_mutex_lock(&c->lock);
+  g->dying = 0;
+  g->used = 0;
+  pthread_mutex_unlock(&c->lock);
+  return 0;
 }
 
 /* ---- exists ---- */
@@ -305,7 +355,8 @@ static int resolve_pieces(kvt_cache *c, kvt__sjob *jb, const kvt_batch *b) {
         if (!p->ptr) return -EINVAL;
         q->ptr = p->ptr;
       } else {
-        if (p->region > KVT__MAX_REGIONS || !s->regions[p->region - 1].used) return -EINVAL;
+        if (p->region > KVT__MAX_REGIONS || !s->regions[p->region - 1].used || s->regions[p->region - 1].dying)
+          return -EINVAL;
         const kvt__region *g = &s->regions[p->region - 1];
         if (p->offset > g->len || p->len > g->len - p->offset) return -EINVAL;
         q->ptr = g->base + p->offset;

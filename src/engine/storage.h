@@ -12,6 +12,10 @@
  * aligned in address and length, skips the staging copy: its record goes
  * straight between the file and the engine's pieces, in one vectored I/O
  * with the staging record holding only its prefix (header and tokens).
+ * With io_uring, registered host regions (their page-aligned part) and each
+ * worker's prefixes are also the disk store's fixed buffers, so such a
+ * record goes as one READ_FIXED / WRITE_FIXED per run of pieces instead
+ * (no pinning of the engine's pages per I/O; storage_blocks_fixed).
  * Disk completions only mark a staging buffer done (data, not
  * callbacks); the worker retires it, each as soon as its I/O is over, and
  * checks a read's checksums itself (kvt__disk_verify) before it copies or
@@ -45,6 +49,9 @@ typedef struct kvt__region {
   int kind;       /* KVT_MEM_* */
   uint32_t users; /* jobs in flight naming it */
   uint8_t used;
+  uint8_t busy;   /* being registered with the disk store (usable meanwhile) */
+  uint8_t dying;  /* being unregistered from it (no new job may name it) */
+  int fixed;      /* the disk store's fixed-buffer handle of its pages, or -1 */
 } kvt__region;
 
 typedef struct kvt__spiece {
@@ -82,6 +89,7 @@ typedef struct kvt__stage {
   void *rec;         /* a staged record, or (straight ring) a record's prefix */
   struct iovec *iov; /* straight ring: rec, then the engine's pieces */
   uint32_t n_iov;    /* 0: the block is staged whole in rec */
+  int fixed;         /* its I/O went as fixed-buffer ops (kvt__disk_io.fixed) */
   uint32_t block; /* block index in the job, KVT__NONE when idle */
   int in_flight;
   int status;
@@ -96,6 +104,7 @@ typedef struct kvt__sworker {
   kvt__stage stage[KVT__STAGE_DEPTH];
   kvt__stage straight[KVT__STRAIGHT_DEPTH]; /* when the store takes records in pieces */
   uint32_t next, next_straight;
+  int prefix_fixed; /* the disk store's fixed-buffer handle of the straight prefixes, or -1 */
 } kvt__sworker;
 
 typedef struct kvt__storage {
@@ -113,6 +122,10 @@ typedef struct kvt__storage {
   size_t ring_bytes;               /* each worker's staging ring */
   int started;
 } kvt__storage;
+
+/* storage.c: kvt_register_memory; `fixed` 0 keeps the region out of the
+ * disk store's fixed buffers (a call's own short-lived registration). */
+int kvt__register_memory(kvt_cache *c, void *base, size_t len, int kind, int fixed, kvt_region *region);
 
 /* storage_run.c: the worker thread. */
 void *kvt__storage_worker(void *arg);

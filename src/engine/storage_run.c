@@ -186,6 +186,7 @@ static void stage_retire(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb, kvt__stag
   if (status == 0 && jb->blocks[i].tier == KVT__T_DISK) {
     if (st->n_iov) c->st.storage_blocks_straight++;
     else c->st.storage_blocks_staged++;
+    if (st->n_iov && st->fixed) c->st.storage_blocks_fixed++;
   }
   pthread_mutex_unlock(&c->lock);
 }
@@ -233,6 +234,7 @@ static void stage_claim(kvt__stage *st, uint32_t i) {
   st->block = i;
   st->in_flight = 1;
   st->status = 0;
+  st->fixed = 0;
 }
 
 /* The disk read of block i into stage st, unsubmitted. */
@@ -260,6 +262,7 @@ static void stage_read_batch(kvt_cache *c, kvt__stage **sts, kvt__disk_io *ios, 
       rc = kvt__disk_read_batch(c->disk, &ios[j], 1, stage_done);
       st = rc < 0 ? rc : ios[j].status;
     }
+    sts[j]->fixed = st == 0 && ios[j].fixed; /* read by this worker only, at retirement */
     if (st != 0) stage_done(sts[j], st);
   }
 }
@@ -285,6 +288,7 @@ static void stage_submit(kvt_cache *c, kvt__stage *st, uint32_t i, kvt__sjob *jb
   kvt__disk_io io = {.slot = slot, .rec = st->rec, .arg = st, .iov = st->n_iov ? st->iov : NULL, .n_iov = st->n_iov};
   int rc = kvt__disk_write_batch(c->disk, &io, 1, stage_done);
   if (rc >= 0) rc = io.status;
+  st->fixed = rc == 0 && io.fixed;
   if (rc != 0) stage_done(st, rc);
 }
 

@@ -89,3 +89,14 @@ int kvt__io_reap(kvt__io *io, kvt_io_cqe *cqes, uint32_t max, uint32_t min_wait,
   }
   return n;
 }
+
+int kvt__io_buf_register(kvt__io *io, void *base, size_t len, uint32_t *index) {
+  if (!kvt__io_fixed_vec(io)) return KVT_EUNSUPPORTED;
+  int f = kvt__fault_check(KVT_FAULT_IO_BUF_REGISTER, (int64_t)len);
+  if (f) return f < 0 ? f : -ENOMEM;
+  return io->be->buf_register(io->ctx, base, len, index);
+}
+
+void kvt__io_buf_unregister(kvt__io *io, uint32_t index) {
+  if (kvt__io_fixed_vec(io)) io->be->buf_unregister(io->ctx, index);
+}

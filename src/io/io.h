@@ -4,6 +4,7 @@
 #ifndef KVT_IO_IO_H
 #define KVT_IO_IO_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "kvtier/backend.h"
@@ -34,6 +35,16 @@ int kvt__io_submit(kvt__io *io, const kvt_io_req *reqs, uint32_t n);
  * real result) may replace the result with -errno or a shorter byte count,
  * and KVT_FAULT_IO_DELAY_US (arg: the result) may stall it. */
 int kvt__io_reap(kvt__io *io, kvt_io_cqe *cqes, uint32_t max, uint32_t min_wait, int64_t timeout_ns);
+
+/* The backend takes READV_FIXED / WRITEV_FIXED and registers buffers. */
+static inline int kvt__io_fixed_vec(const kvt__io *io) {
+  return io->be && io->be->version >= 3 && (io->be->caps & KVT_IO_CAP_FIXED_VEC) && io->be->buf_register &&
+         io->be->buf_unregister;
+}
+/* As kvt_io_backend.buf_register; KVT_FAULT_IO_BUF_REGISTER (arg: len) may
+ * refuse it as the kernel would. KVT_EUNSUPPORTED without the capability. */
+int kvt__io_buf_register(kvt__io *io, void *base, size_t len, uint32_t *index);
+void kvt__io_buf_unregister(kvt__io *io, uint32_t index);
 
 static inline const char *kvt__io_name(const kvt__io *io) { return io->be ? io->be->name : "none"; }
 

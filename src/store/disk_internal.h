@@ -50,7 +50,24 @@ typedef struct disk_op {
   int at_disk;              /* counted in the store's at_disk */
   kvt__disk_done_fn done;
   void *arg;
+  /* A record in pieces that all lie in registered buffers goes as
+   * READV_FIXED / WRITEV_FIXED: n_fx iovecs (0: not fixed), the backend's
+   * buffer index of each and the store's table entry it holds a use of. */
+  uint32_t n_fx;
+  uint32_t fx_buf[KVT_IO_MAX_FIXED_VEC];
+  uint8_t fx_ent[KVT_IO_MAX_FIXED_VEC];
+  kvt_io_fixed_vec fv;
 } disk_op;
+
+/* A buffer registered with the backend (kvt__disk_buf_register). */
+typedef struct disk_fixed {
+  uintptr_t base;
+  size_t len;
+  uint32_t index;           /* the backend's */
+  uint32_t users;           /* ops holding it, submitted or queued */
+  uint8_t used, dying;      /* dying: being unregistered, no new users */
+} disk_fixed;
+#define KVT_DISK_MAX_FIXED 128u
 
 typedef struct disk_fin {
   kvt__disk_done_fn done;
@@ -66,6 +83,9 @@ typedef struct disk_found {
 struct kvt__disk {
   int fd, direct, is_blk;
   int vectored;             /* the backend declares KVT_IO_CAP_VECTORED */
+  int fixed_vec;            /* ... and KVT_IO_CAP_FIXED_VEC: kvt__disk_buf_register works */
+  disk_fixed fx[KVT_DISK_MAX_FIXED]; /* guarded by lock */
+  uint32_t n_fx_used;       /* entries used (lookups skip the table when 0) */
   uint64_t slots, slot_bytes, data_off, payload_bytes;
   uint32_t block_tokens;
   uint32_t depth;           /* ops, and the backend's ring: queue_depth + headroom */

@@ -66,11 +66,16 @@ static disk_op *op_get(kvt__disk *d, int wait) {
   return op;
 }
 
-/* Returns finished ops in one critical section (the reaper's batch). */
+/* Returns finished ops in one critical section (the reaper's batch); the
+ * fixed buffers they named are theirs no more. */
 static void op_put_many(kvt__disk *d, disk_op *const *ops, uint32_t n) {
   if (!n) return;
   pthread_mutex_lock(&d->lock);
-  for (uint32_t i = 0; i < n; i++) d->free_ops[d->n_free++] = (uint32_t)(ops[i] - d->ops);
+  for (uint32_t i = 0; i < n; i++) {
+    for (uint32_t k = 0; k < ops[i]->n_fx; k++) d->fx[ops[i]->fx_ent[k]].users--;
+    ops[i]->n_fx = 0;
+    d->free_ops[d->n_free++] = (uint32_t)(ops[i] - d->ops);
+  }
   d->inflight -= n;
   pthread_cond_broadcast(&d->cond);
   pthread_mutex_unlock(&d->lock);
@@ -123,10 +128,78 @@ static int buf_index_of(const kvt__disk *d, const void *p, size_t len) {
   return -1;
 }
 
+/* A record in pieces goes fixed when every piece lies in a registered
+ * buffer: the op then holds a use of each until it is put back. */
+static void fx_take(kvt__disk *d, disk_op *op) {
+  op->n_fx = 0;
+  if (!d->fixed_vec || !op->iov || op->n_iov > KVT_IO_MAX_FIXED_VEC) return;
+  pthread_mutex_lock(&d->lock);
+  uint32_t k = 0;
+  for (; d->n_fx_used && k < op->n_iov; k++) {
+    uintptr_t p = (uintptr_t)op->iov[k].iov_base;
+    size_t len = op->iov[k].iov_len;
+    uint32_t e = 0;
+    for (; e < KVT_DISK_MAX_FIXED; e++) {
+      const disk_fixed *f = &d->fx[e];
+      if (f->used && !f->dying && p >= f->base && p - f->base <= f->len && f->len - (p - f->base) >= len) break;
+    }
+    if (e == KVT_DISK_MAX_FIXED) break;
+    op->fx_ent[k] = (uint8_t)e;
+    op->fx_buf[k] = d->fx[e].index;
+  }
+  if (d->n_fx_used && k == op->n_iov) {
+    for (k = 0; k < op->n_iov; k++) d->fx[op->fx_ent[k]].users++;
+    op->n_fx = op->n_iov;
+  }
+  pthread_mutex_unlock(&d->lock);
+}
+
+int kvt__disk_buf_register(kvt__disk *d, void *base, size_t len) {
+  if (!d || !base || !len || ((uintptr_t)base & (KVT_RECORD_ALIGN - 1))) return -EINVAL;
+  if (!d->fixed_vec) return KVT_EUNSUPPORTED;
+  uint32_t index;
+  int rc = kvt__io_buf_register(&d->io, base, len, &index);
+  if (rc) return rc;
+  pthread_mutex_lock(&d->lock);
+  int h = -ENOSPC;
+  for (uint32_t e = 0; e < KVT_DISK_MAX_FIXED && h < 0; e++)
+    if (!d->fx[e].used) {
+      d->fx[e] = (disk_fixed){.base = (uintptr_t)base, .len = len, .index = index, .used = 1};
+      d->n_fx_used++;
+      h = (int)e;
+    }
+  pthread_mutex_unlock(&d->lock);
+  if (h < 0) kvt__io_buf_unregister(&d->io, index);
+  return h;
+}
+
+void kvt__disk_buf_unregister(kvt__disk *d, int handle) {
+  if (!d || handle < 0 || (uint32_t)handle >= KVT_DISK_MAX_FIXED) return;
+  disk_fixed *f = &d->fx[handle];
+  pthread_mutex_lock(&d->lock);
+  if (!f->used || f->dying) {
+    pthread_mutex_unlock(&d->lock);
+    return;
+  }
+  f->dying = 1;
+  while (f->users) pthread_cond_wait(&d->cond, &d->lock);
+  uint32_t index = f->index;
+  pthread_mutex_unlock(&d->lock);
+  kvt__io_buf_unregister(&d->io, index);
+  pthread_mutex_lock(&d->lock);
+  *f = (disk_fixed){0};
+  d->n_fx_used--;
+  pthread_mutex_unlock(&d->lock);
+}
+
 static kvt_io_req op_req(const kvt__disk *d, disk_op *op) {
   uint64_t off = d->data_off + op->slot * d->slot_bytes;
   if (op->kind == OP_TOMB)
     return (kvt_io_req){KVT_IO_WRITE, -1, off, d->zero_page, KVT_DISK_SUPER_BYTES, op};
+  if (op->n_fx) {
+    op->fv = (kvt_io_fixed_vec){op->iov, op->fx_buf};
+    return (kvt_io_req){op->kind == OP_WRITE ? KVT_IO_WRITEV_FIXED : KVT_IO_READV_FIXED, -1, off, &op->fv, op->n_fx, op};
+  }
   if (op->iov)
     return (kvt_io_req){op->kind == OP_WRITE ? KVT_IO_WRITEV : KVT_IO_READV, -1, off, (void *)op->iov, op->n_iov, op};
   return (kvt_io_req){op->kind == OP_WRITE ? KVT_IO_WRITE : KVT_IO_READ, op->buf_index, off, op->buf,
@@ -308,7 +381,12 @@ static uint32_t batch_chunk(kvt__disk *d, int kind, kvt__disk_io *ios, uint32_t 
     if (rc == 0) rc = op_claim(d, &t, k == 0 && !nowait, &ops[k]);
     if (rc == 1) break;
     ios[*i].status = rc;
-    if (rc == 0) reqs[k] = op_req(d, ops[k]), pos[k++] = *i;
+    ios[*i].fixed = 0;
+    if (rc == 0) {
+      fx_take(d, ops[k]);
+      ios[*i].fixed = ops[k]->n_fx > 0;
+      reqs[k] = op_req(d, ops[k]), pos[k++] = *i;
+    }
     (*i)++;
   }
   if (k == 0) return 0;
@@ -670,7 +748,7 @@ int kvt__disk_recover(kvt__disk *d,
 const char *kvt__disk_backend_name(const kvt__disk *d) { return d ? kvt__io_name(&d->io) : "none"; }
 
 void kvt__disk_get_info(const kvt__disk *d, kvt__disk_info *info) {
-  *info = (kvt__disk_info){.direct = d->direct, .fixed_buffers = d->n_bufs > 0, .vectored = d->vectored,
+  *info = (kvt__disk_info){.direct = d->direct, .fixed_buffers = d->n_bufs > 0, .vectored = d->vectored, .fixed_vec = d->fixed_vec,
                            .fallback = d->io.fallback, .slots = d->slots,
                            .slot_bytes = d->slot_bytes, .data_offset = d->data_off,
                            .checksum_threads = d->n_hashers, .queue_depth = d->queue_depth,
@@ -798,6 +876,13 @@ static int open_backend(kvt__disk *d, const kvt__disk_cfg *c) {
                         .buf_lens = c->buf_lens, .n_bufs = c->n_bufs};
   int rc = kvt__io_open(c->backend, &a, &d->io);
   if (rc == 0) d->vectored = d->io.be->version >= 2 && (d->io.be->caps & KVT_IO_CAP_VECTORED);
+  /* Fixed buffers registered later: only when the backend takes one now
+   * (io_uring with a sparse table: Linux 5.19). The probe is the zero page,
+   * kept registered. */
+  if (rc == 0 && d->vectored && kvt__io_fixed_vec(&d->io)) {
+    uint32_t index;
+    d->fixed_vec = kvt__io_buf_register(&d->io, d->zero_page, KVT_DISK_SUPER_BYTES, &index) == 0;
+  }
   return rc;
 }
 

@@ -142,6 +142,9 @@ typedef struct kvt__disk_io {
    * its own anyway, so the checksum runs there, with no checksum thread's
    * wake-up in series with the read. */
   int verify_later;
+  /* Out: 1 when the record in pieces went as fixed-buffer I/O (every
+   * piece inside a buffer of kvt__disk_buf_register), 0 otherwise. */
+  int fixed;
 } kvt__disk_io;
 /* A record in pieces (stores whose kvt__disk_info.vectored is 1; else
  * KVT_EUNSUPPORTED) moves straight between the file and memory that is
@@ -186,10 +189,25 @@ int kvt__disk_side_file_ok(const char *path);
 /* "io_uring" or "threads". */
 const char *kvt__disk_backend_name(const kvt__disk *d);
 
+/* Fixed buffers (stores whose kvt__disk_info.fixed_vec is 1: io_uring on a
+ * kernel with sparse buffer tables; else KVT_EUNSUPPORTED): registers
+ * [base, base+len) (4096-aligned) with the backend, which pins it once. A
+ * record in pieces (iov) whose every piece lies inside such buffers, with
+ * at most KVT_IO_MAX_FIXED_VEC pieces, then goes as fixed-buffer I/O (one
+ * READ_FIXED / WRITE_FIXED per piece, one completion), with no pinning per
+ * I/O; any other goes as READV/WRITEV. Returns a handle (>= 0), -ENOSPC
+ * (table full), or the backend's refusal (the kernel's -ENOMEM...): the
+ * caller goes on without. May block (pinning). */
+int kvt__disk_buf_register(kvt__disk *d, void *base, size_t len);
+/* Waits until no op naming the buffer is in flight or queued, then
+ * unregisters it (new records stop using it at once). */
+void kvt__disk_buf_unregister(kvt__disk *d, int handle);
+
 typedef struct kvt__disk_info {
   int direct;               /* 1: O_DIRECT; 0: the filesystem refused it (tmpfs), buffered I/O */
   int fixed_buffers;        /* host pool memory was handed to the backend for registration */
   int vectored;             /* the backend takes records in pieces (kvt__disk_io.iov) */
+  int fixed_vec;            /* ... and fixed buffers registered later (kvt__disk_buf_register) */
   const char *fallback;     /* why io_uring is not used under KVT_DISK_AUTO ("" if it is) */
   uint64_t slots, slot_bytes, data_offset;
   uint32_t checksum_threads; /* threads sealing writes and verifying reads */

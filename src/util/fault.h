@@ -23,6 +23,8 @@ typedef enum kvt__fault_site {
                                  -errno fails it without calling fdatasync */
   KVT_FAULT_STORE_OP_DELAY_US, /* microseconds to stall the disk store's op allocation
                                   (arg: 1 if the caller may wait for a free op) */
+  KVT_FAULT_IO_BUF_REGISTER,  /* registration of a fixed buffer with the storage backend
+                                 (arg: its length): -errno as the kernel's refusal */
   KVT_FAULT_SITE_COUNT
 } kvt__fault_site;
 
