@@ -1,7 +1,8 @@
 /* The whole cache on a GPU: owner mode with the engine's KV pool in device
  * memory (cudaMalloc) offloads conversations to the pinned host pool and to
  * disk and restores them byte for byte, layer by layer, also after a
- * restart; KVT_DEVICE_AUTO picks the CUDA backend; storage mode moves
+ * restart, also when requests follow a prefetch and each other;
+ * KVT_DEVICE_AUTO picks the CUDA backend; storage mode moves
  * blocks whose pieces lie in registered device memory through the host and
  * disk tiers and back, byte for byte.
  *
@@ -253,6 +254,58 @@ static void owner_mode_offloads_and_restores_exact(void **state) {
   gfix_close(&f);
 }
 
+/* Restores that follow another job's copy, on the GPU: a conversation on
+ * disk is prefetched, and two requests acquire it while the prefetch
+ * reads (the first follows the prefetch's fetches, the second copies into
+ * private slots of its own or shares the first's finished copies). Both
+ * get every byte; after release nothing is left pinned (the invariants are
+ * checked at close). */
+static void requests_following_a_prefetch_and_each_other(void **state) {
+  (void)state;
+  gfix f;
+  use_disk_file("follow");
+  gfix_open(&f, KVT_DEVICE_CUDA);
+  for (uint32_t c = 0; c < CONVS; c++) assert_int_equal(run_conv(&f, c, 0), 0);
+  for (uint32_t c = 0; c < CONVS; c++) offload(&f, c);
+  CK(kvt_drain(f.c));
+  kvt_lookup_result lr = lookup(&f, 0);
+  assert_int_equal(lr.n_prefix, NBLK);
+  assert_true(lr.n_disk > 0); /* the oldest went on to disk */
+  scribble(&f);
+  kvt_key keys[NBLK];
+  uint32_t tok[NBLK * BT], sa[NBLK], sb[NBLK], ra_ready = 0, rb_ready = 0;
+  conv_keys(&f, 0, keys, tok);
+  kvt_job pj = 0;
+  int prc = kvt_prefetch(f.c, keys, NBLK, &pj);
+  assert_true(prc == 0 || prc == 1 || prc == KVT_EAGAIN);
+  kvt_req ra, rb;
+  int rc = kvt_acquire(f.c, keys, tok, NBLK, NBLK, 0, 0, &ra, sa, NULL);
+  assert_true(rc == 0 || rc == 1);
+  rc = kvt_acquire(f.c, keys, tok, NBLK, NBLK, 0, 0, &rb, sb, NULL);
+  assert_true(rc == 0 || rc == 1);
+  CK(kvt_request_wait(f.c, ra, -1, &ra_ready));
+  CK(kvt_request_wait(f.c, rb, -1, &rb_ready));
+  assert_int_equal(ra_ready, NBLK);
+  assert_int_equal(rb_ready, NBLK);
+  for (uint32_t i = 0; i < NBLK; i++) {
+    assert_true(check_block(&f, sa[i], 0, i));
+    assert_true(check_block(&f, sb[i], 0, i));
+  }
+  CK(kvt_commit(f.c, ra, NBLK, f.stream));
+  CK(kvt_commit(f.c, rb, NBLK, f.stream));
+  CK(kvt_release(f.c, rb));
+  CK(kvt_release(f.c, ra));
+  if (prc == 1) {
+    CK(kvt_job_wait(f.c, pj, -1));
+    CK(kvt_job_release(f.c, pj));
+  }
+  kvt_stats st = {.size = sizeof st};
+  CK(kvt_get_stats(f.c, &st));
+  assert_int_equal(st.copy_errors, 0);
+  assert_int_equal(st.io_errors, 0);
+  gfix_close(&f);
+}
+
 /* With a GPU present, KVT_DEVICE_AUTO is the CUDA backend, and device hits
  * are shared without a copy. */
 static void auto_uses_the_gpu(void **state) {
@@ -380,6 +433,7 @@ int main(void) {
     kvt_test_skip("no CUDA device (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "none found");
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(owner_mode_offloads_and_restores_exact),
+      cmocka_unit_test(requests_following_a_prefetch_and_each_other),
       cmocka_unit_test(auto_uses_the_gpu),
       cmocka_unit_test(storage_mode_device_pieces_through_host_and_disk),
       cmocka_unit_test(storage_mode_device_pieces_straight_to_disk),
