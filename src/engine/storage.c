@@ -69,10 +69,8 @@ static int storage_alloc(kvt_cache *c, kvt__storage *s) {
   s->queue = calloc(n, sizeof *s->queue);
   s->done_q = calloc(n, sizeof *s->done_q);
   if (!s->jobs || !s->free_jobs || !s->queue || !s->done_q) return -ENOMEM;
+  (void)m; /* a job's tables grow to its batches (sjob_reserve), not max_job_blocks up front */
   for (uint32_t j = 0; j < n; j++) {
-    s->jobs[j].blocks = calloc(m, sizeof *s->jobs[j].blocks);
-    s->jobs[j].keys = calloc(m, sizeof *s->jobs[j].keys);
-    if (!s->jobs[j].blocks || !s->jobs[j].keys) return -ENOMEM;
     s->jobs[j].gen = c->salt + j * 0x7f4a7c15u;
     s->free_jobs[s->n_free++] = n - 1 - j;
   }
@@ -322,7 +320,16 @@ static uint32_t sjob_from_handle(const kvt_cache *c, kvt_job h) {
 }
 
 /* Grows a job's tables to the batch (outside the lock: the job is ours). */
-static int sjob_reserve(kvt_cache *c, kvt__sjob *jb, size_t n_pieces, size_t n_tokens) {
+static int sjob_reserve(kvt_cache *c, kvt__sjob *jb, size_t n_blocks, size_t n_pieces, size_t n_tokens) {
+  if (n_blocks > jb->blocks_cap) {
+    kvt__sblock *b = realloc(jb->blocks, n_blocks * sizeof *b);
+    if (!b) return -ENOMEM;
+    jb->blocks = b;
+    kvt_key *k = realloc(jb->keys, n_blocks * sizeof *k);
+    if (!k) return -ENOMEM; /* blocks stays grown: harmless, capacity is not raised */
+    jb->keys = k;
+    jb->blocks_cap = n_blocks;
+  }
   if (n_pieces > jb->pieces_cap) {
     kvt__spiece *p = realloc(jb->pieces, n_pieces * sizeof *p);
     if (!p) return -ENOMEM;
@@ -459,7 +466,7 @@ static int submit(kvt_cache *c, const kvt_batch *user, kvt_job *job, int kind) {
   if (j == KVT__NONE) return KVT_EAGAIN;
   kvt__sjob *jb = &s->jobs[j];
   size_t n_tok = b.tokens ? (size_t)b.n_blocks * c->bt : 0;
-  rc = sjob_reserve(c, jb, (size_t)b.n_blocks * b.pieces_per_block, n_tok);
+  rc = sjob_reserve(c, jb, b.n_blocks, (size_t)b.n_blocks * b.pieces_per_block, n_tok);
   pthread_mutex_lock(&c->lock);
   if (rc == 0) rc = resolve_pieces(c, jb, &b);
   if (rc) {

@@ -77,8 +77,9 @@ typedef struct kvt__sjob {
   int status;
   uint32_t n_blocks, ppb;
   uint64_t regions; /* bit r: region r+1 is named by a piece */
-  kvt__sblock *blocks;
+  kvt__sblock *blocks; /* blocks_cap entries, grown to the largest batch seen */
   kvt_key *keys;
+  size_t blocks_cap;
   kvt__spiece *pieces;
   size_t pieces_cap;
   uint32_t *tokens;
