@@ -192,12 +192,13 @@ static void scratch_put(char *mem, int kept) {
 
 /* Memory the disk tier may move straight (storage mode's registered
  * regions), registered for one call when that can pay: a region of its
- * own, page-aligned. KVT_REGION_NONE when not (the parts go through the
+ * own, page-aligned, KVT_MEM_HOST (never pinned as a fixed buffer: that
+ * costs about what one call would save). KVT_REGION_NONE when not (the parts go through the
  * storage workers' staging instead). */
 static kvt_region straight_region(kvt_cache *c, const void *p, size_t len) {
   kvt_region r = KVT_REGION_NONE;
   if (!c->storage || !c->storage->straight || (uintptr_t)p % PAGE ||
-      kvt__register_memory(c, (void *)(uintptr_t)p, len, KVT_MEM_HOST, 0, &r))
+      kvt_register_memory(c, (void *)(uintptr_t)p, len, KVT_MEM_HOST, &r))
     return KVT_REGION_NONE;
   return r;
 }

@@ -189,10 +189,6 @@ static int region_fixed(kvt_cache *c, char *base, size_t len) {
 }
 
 int kvt_register_memory(kvt_cache *c, void *base, size_t len, int kind, kvt_region *region) {
-  return kvt__register_memory(c, base, len, kind, 1, region);
-}
-
-int kvt__register_memory(kvt_cache *c, void *base, size_t len, int kind, int fixed, kvt_region *region) {
   STORAGE_CHECK(c);
   if (!base || !len || !region || (kind != KVT_MEM_HOST && kind != KVT_MEM_DEVICE && kind != KVT_MEM_HOST_FIXED) ||
       (uintptr_t)base > UINTPTR_MAX - len)
@@ -214,7 +210,7 @@ int kvt__register_memory(kvt_cache *c, void *base, size_t len, int kind, int fix
     if ((char *)base < g->base + g->len && g->base < (char *)base + len) rc = -EINVAL;
   }
   if (rc == 0 && slot == KVT__NONE) rc = -ENOSPC;
-  fixed = fixed && rc == 0 && kind == KVT_MEM_HOST_FIXED;
+  int fixed = rc == 0 && kind == KVT_MEM_HOST_FIXED;
   if (rc == 0) {
     s->regions[slot] = (kvt__region){.base = base, .len = len, .kind = kind, .used = 1, .busy = (uint8_t)fixed, .fixed = -1};
     *region = slot + 1;

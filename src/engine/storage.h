@@ -124,10 +124,6 @@ typedef struct kvt__storage {
   int started;
 } kvt__storage;
 
-/* storage.c: kvt_register_memory; `fixed` 0 keeps the region out of the
- * disk store's fixed buffers (a call's own short-lived registration). */
-int kvt__register_memory(kvt_cache *c, void *base, size_t len, int kind, int fixed, kvt_region *region);
-
 /* storage_run.c: the worker thread. */
 void *kvt__storage_worker(void *arg);
 /* storage_through.c: KVT_WRITE_THROUGH's disk copies of a put (lock NOT held). */
