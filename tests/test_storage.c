@@ -548,6 +548,31 @@ static void drain_waits_for_storage_jobs(void **s) {
   sfix_close(&f);
 }
 
+/* kvt_stats.metadata_bytes counts a storage job's tables as they grow to
+ * its batches: 28 bytes per block, 24 per piece and 4 per token at least,
+ * and nothing more for a batch of the same size in the same job slot. */
+static uint64_t metadata_now(kvt_cache *c) {
+  kvt_stats st = {.size = sizeof st};
+  assert_int_equal(kvt_get_stats(c, &st), 0);
+  return st.metadata_bytes;
+}
+
+static void metadata_counts_storage_job_tables(void **s) {
+  sfix f;
+  sfix_open(&f, 0, 64, 1);
+  fill_blocks(&f, NB, 9);
+  uint64_t fresh = metadata_now(f.c);
+  int32_t res[NB];
+  uint32_t ok = 0;
+  assert_int_equal(do_batch(&f, 0, 0, NB, 1, f.tokens, NB, res, &ok), 0);
+  uint64_t grown = metadata_now(f.c);
+  assert_true(grown >= fresh + (uint64_t)NB * (28 + NSEG * 24 + BT * 4));
+  assert_int_equal(do_batch(&f, 1, 0, NB, 1, f.tokens, NB, res, &ok), 0);
+  assert_int_equal(ok, NB);
+  assert_int_equal(metadata_now(f.c), grown);
+  sfix_close(&f);
+}
+
 /* ---- the straight path: engine memory <-> file, no staging copy ---- */
 
 /* Counts the storage requests submitted, by op (the fault hook sees every
@@ -1129,6 +1154,7 @@ int main(void) {
       cmocka_unit_test(prefetch_promotes_disk_blocks_to_host),
       cmocka_unit_test(a_get_leaves_ancestors_more_recent_than_tails),
       cmocka_unit_test(drain_waits_for_storage_jobs),
+      cmocka_unit_test(metadata_counts_storage_job_tables),
       cmocka_unit_test(straight_round_trip_one_piece),
       cmocka_unit_test(straight_round_trip_many_pieces),
       cmocka_unit_test(straight_round_trip_on_the_thread_backend),

@@ -974,8 +974,11 @@ KVT_API int kvt_metrics_write(kvt_cache *c, int format, char *buf, size_t *len);
  * jobs take max_job_blocks x 68 bytes each, allocated when a job slot is
  * first used (as many as were ever in use at once, at most max_jobs + 2);
  * requests and their block references (32 bytes each, allocated when live
- * references pass their previous peak) take the rest. kvt_stats's
- * metadata_bytes counts all of it. */
+ * references pass their previous peak) take the rest; in storage mode, its
+ * job slots, its workers' tables (256 KiB each with a disk tier) and each
+ * job slot's tables, grown to the largest batch it has carried (28 bytes
+ * per block, 24 per piece, 4 per token given). kvt_stats's metadata_bytes
+ * counts all of it. */
 #define KVT_MAP_BYTES_PER_BLOCK 100
 
 /* ------------------------------------------------------------------ */

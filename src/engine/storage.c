@@ -317,6 +317,7 @@ static uint32_t sjob_from_handle(const kvt_cache *c, kvt_job h) {
 
 /* Grows a job's tables to the batch (outside the lock: the job is ours). */
 static int sjob_reserve(kvt_cache *c, kvt__sjob *jb, size_t n_blocks, size_t n_pieces, size_t n_tokens) {
+  _Atomic size_t *counted = &c->storage->job_table_bytes;
   if (n_blocks > jb->blocks_cap) {
     kvt__sblock *b = realloc(jb->blocks, n_blocks * sizeof *b);
     if (!b) return -ENOMEM;
@@ -324,21 +325,34 @@ static int sjob_reserve(kvt_cache *c, kvt__sjob *jb, size_t n_blocks, size_t n_p
     kvt_key *k = realloc(jb->keys, n_blocks * sizeof *k);
     if (!k) return -ENOMEM; /* blocks stays grown: harmless, capacity is not raised */
     jb->keys = k;
+    atomic_fetch_add_explicit(counted, (n_blocks - jb->blocks_cap) * (sizeof *b + sizeof *k), memory_order_relaxed);
     jb->blocks_cap = n_blocks;
   }
   if (n_pieces > jb->pieces_cap) {
     kvt__spiece *p = realloc(jb->pieces, n_pieces * sizeof *p);
     if (!p) return -ENOMEM;
     jb->pieces = p;
+    atomic_fetch_add_explicit(counted, (n_pieces - jb->pieces_cap) * sizeof *p, memory_order_relaxed);
     jb->pieces_cap = n_pieces;
   }
   if (n_tokens > jb->tokens_cap) {
     uint32_t *t = realloc(jb->tokens, n_tokens * sizeof *t);
     if (!t) return -ENOMEM;
     jb->tokens = t;
+    atomic_fetch_add_explicit(counted, (n_tokens - jb->tokens_cap) * sizeof *t, memory_order_relaxed);
     jb->tokens_cap = n_tokens;
   }
   return 0;
+}
+
+size_t kvt__storage_metadata_bytes(const kvt_cache *c) {
+  const kvt__storage *s = c->storage;
+  if (!s) return 0;
+  size_t n = c->cfg.max_jobs, b = n * (sizeof(kvt__sjob) + 3 * sizeof(uint32_t));
+  b += s->n_workers * sizeof(kvt__sworker);
+  if (s->straight && s->ring_bytes) /* each worker's straight iovec tables */
+    b += s->n_workers * (size_t)KVT__STRAIGHT_DEPTH * KVT__STRAIGHT_IOV * sizeof(struct iovec);
+  return b + atomic_load_explicit(&s->job_table_bytes, memory_order_relaxed);
 }
 
 /* Resolves the batch's pieces to addresses (lock held: regions). */

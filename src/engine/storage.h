@@ -25,6 +25,7 @@
 #define KVT_ENGINE_STORAGE_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <sys/uio.h>
 
 #include "engine/engine.h"
@@ -122,7 +123,13 @@ typedef struct kvt__storage {
   int straight;                    /* the disk store takes records in pieces */
   size_t ring_bytes;               /* each worker's staging ring */
   int started;
+  _Atomic size_t job_table_bytes;  /* jobs' block, key, piece and token tables, as grown */
 } kvt__storage;
+
+/* Bytes of storage mode's bookkeeping: job slots and queues, the workers,
+ * their straight iovec tables and the jobs' tables as grown so far
+ * (kvt_stats.metadata_bytes). 0 for a cache not in storage mode. */
+size_t kvt__storage_metadata_bytes(const kvt_cache *c);
 
 /* storage_run.c: the worker thread. */
 void *kvt__storage_worker(void *arg);
