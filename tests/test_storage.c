@@ -745,6 +745,58 @@ static void straight_round_trip_on_the_thread_backend(void **s) {
   backend = KVT_DISK_AUTO;
 }
 
+/* A fixed region's pages are faulted in before the backend pins them
+ * under its submission lock, so that the cache's I/O is not held up behind
+ * the page faults of memory never touched: when the registration reaches
+ * the backend (the fault site), every page of such a region is resident. */
+static struct {
+  uint8_t *base;
+  size_t len;
+  long resident; /* pages resident at the fault site; -1: not reached */
+} pf;
+
+static int prefault_hook(void *ctx, int site, int64_t arg) {
+  (void)ctx;
+  if (site != KVT_FAULT_IO_BUF_REGISTER || (size_t)arg != pf.len) return 0;
+  size_t pages = pf.len / 4096;
+  unsigned char *vec = malloc(pages);
+  pf.resident = 0;
+  if (vec && mincore(pf.base, pf.len, vec) == 0)
+    for (size_t i = 0; i < pages; i++) pf.resident += vec[i] & 1;
+  free(vec);
+  return 0;
+}
+
+static void fixed_region_is_faulted_in_before_it_is_pinned(void **s) {
+  sfix f;
+  sfix_open(&f, 0, 64, 1);
+  void *probe = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  assert_true(probe != MAP_FAILED);
+#ifdef MADV_POPULATE_WRITE
+  int populate = madvise(probe, 4096, MADV_POPULATE_WRITE) == 0;
+#else
+  int populate = 0;
+#endif
+  munmap(probe, 4096);
+  if (!fixed_expected(f.c) || !populate) {
+    sfix_close(&f);
+    skip(); /* no fixed buffers here, or a kernel before 5.14 */
+  }
+  pf.len = (size_t)8 << 20;
+  pf.resident = -1;
+  pf.base = mmap(NULL, pf.len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  assert_true(pf.base != MAP_FAILED);
+  kvt__fault_set(prefault_hook, NULL);
+  kvt_region r;
+  int rc = kvt_register_memory(f.c, pf.base, pf.len, KVT_MEM_HOST_FIXED, &r);
+  kvt__fault_set(NULL, NULL);
+  assert_int_equal(rc, 0);
+  assert_int_equal(pf.resident, (long)(pf.len / 4096));
+  assert_int_equal(kvt_unregister_memory(f.c, r), 0);
+  munmap(pf.base, pf.len);
+  sfix_close(&f);
+}
+
 /* When the kernel refuses to register a region's pages (RLIMIT_MEMLOCK,
  * memory it cannot pin), its blocks still go straight, as one vectored
  * I/O each, byte-exact; registered again (the kernel takes it now), they
@@ -1160,6 +1212,7 @@ int main(void) {
       cmocka_unit_test(straight_round_trip_on_the_thread_backend),
       cmocka_unit_test(fixed_registration_refused_falls_back),
       cmocka_unit_test(unregister_while_fixed_io_in_flight),
+      cmocka_unit_test(fixed_region_is_faulted_in_before_it_is_pinned),
       cmocka_unit_test(straight_and_staged_blocks_in_one_batch),
       cmocka_unit_test(straight_gets_of_spilled_blocks),
       cmocka_unit_test(straight_io_error_fails_its_block),

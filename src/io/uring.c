@@ -182,8 +182,9 @@ static int uring_buf_register(void *ctx, void *base, size_t len, uint32_t *index
   int rc = -ENOSPC;
   if (at != UINT32_MAX) {
     /* The kernel pins the pages here, holding the ring's lock: submissions
-     * wait meanwhile (per GiB: 2 ms in huge pages, 27-42 ms in 4 KiB pages,
-     * 0.5-2 s for pages never touched), so this lock is held too. */
+     * wait meanwhile (per GiB: 2 ms in huge pages, 27-42 ms in 4 KiB pages;
+     * pages never touched were faulted in before, with no lock held:
+     * kvt__io_buf_register), so this lock is held too. */
     rc = update_all(c, c->dyn_base + at, iov, need);
     if (rc == 0) {
       c->dyn_len[at] = need;
