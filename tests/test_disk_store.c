@@ -1436,6 +1436,62 @@ static void test_verify_later_reads_of_big_records(void **state) {
   later_case(f);
 }
 
+/* pieces_io with the first n_iov pieces only, zero_tail as given. */
+static int pieces_part_io(fx *f, pieces *p, int write, uint32_t slot, uint64_t seed, uint32_t n_iov, int zero_tail) {
+  waiter *w = waiter_new();
+  kvt_key k = key_of(seed);
+  g_ws[0] = (wslot){w, 0};
+  kvt__disk_io io = {.slot = slot, .expected_key = &k, .arg = &g_ws[0], .iov = p->iov, .n_iov = n_iov,
+                     .zero_tail = zero_tail};
+  start(w, 0, 0);
+  int rc = write ? kvt__disk_write_batch(f->d, &io, 1, on_done) : kvt__disk_read_batch(f->d, &io, 1, on_done);
+  assert_int_equal(rc, io.status ? 0 : 1);
+  if (io.status) {
+    pthread_mutex_lock(&w->m);
+    w->pending--;
+    pthread_mutex_unlock(&w->m);
+  }
+  waiter_wait(w);
+  rc = io.status ? io.status : w->status[0];
+  free(w);
+  return rc;
+}
+
+/* A read in part (zero_tail): the prefix and the payload's first pages
+ * only, whose checksum takes the rest of the payload as zeros. It passes
+ * for a record whose writer left that rest zero, byte-exact; it fails
+ * (checksum) for one whose rest is not zero and for a flipped byte in the
+ * pages read. Writes are whole records only, zero_tail or not. */
+static void test_pieces_read_in_part(void **state) {
+  fx *f = *state;
+  pieces p;
+  pieces_init(f, &p);
+  const uint32_t pages = 3; /* payload pages read: iov[1..4) hold payload pages 0..2 */
+  const size_t keep = (size_t)pages * 4096;
+  char *rec = host(f, 4), *pay = kvt__record_payload(rec, BT);
+  make_rec(rec, 71);
+  memset(pay + keep - 1000, 0, g_payload - (keep - 1000)); /* the object ends inside the last page read */
+  char want[3 * 4096];
+  memcpy(want, pay, keep);
+  pieces_scatter(f, &p, rec, 0);
+  assert_int_equal(pieces_io(f, &p, 1, 3, 71), 0);
+  memset(p.pay, 0xee, (size_t)p.n_pages * 4096);
+  assert_int_equal(pieces_part_io(f, &p, 0, 3, 71, 1 + pages, 1), 0);
+  for (uint32_t k = 0; k < pages; k++) assert_memory_equal(p.iov[1 + k].iov_base, want + (size_t)k * 4096, 4096);
+  assert_int_equal(pieces_part_io(f, &p, 0, 3, 71, 1 + pages, 0), -EINVAL); /* short, without zero_tail */
+  /* Not zero past the pages read: the checksum fails. */
+  assert_int_equal(write_sync(f, 5, 72), 0);
+  assert_int_equal(pieces_part_io(f, &p, 0, 5, 72, 1 + pages, 1), KVT_ECORRUPT);
+  /* A byte flipped in the pages read. */
+  poke(f, 3, kvt__record_prefix_bytes(BT) + 2 * 4096 + 7, 0x40);
+  assert_int_equal(pieces_part_io(f, &p, 0, 3, 71, 1 + pages, 1), KVT_ECORRUPT);
+  /* A write in part is refused, zero_tail or not. */
+  make_rec(rec, 73);
+  pieces_scatter(f, &p, rec, 0);
+  assert_int_equal(pieces_part_io(f, &p, 1, 6, 73, 1 + pages, 1), -EINVAL);
+  pieces_free(&p);
+}
+
 /* Pieces the store cannot move in one vectored I/O are refused. */
 static void test_pieces_of_the_wrong_shape(void **state) {
   fx *f = *state;
@@ -1732,7 +1788,7 @@ static int run_suite(const char *name) {
       CASE(test_refused_queued_read_fails_alone_through_done),
       CASE(test_durable_write_is_synced_before_done), CASE(test_durable_failed_sync_fails_its_group),
       CASE(test_pieces_round_trip_both_ways), CASE(test_pieces_round_trip_of_a_big_record),
-      CASE(test_pieces_fail_like_records), CASE(test_pieces_of_the_wrong_shape),
+      CASE(test_pieces_fail_like_records), CASE(test_pieces_of_the_wrong_shape), CASE(test_pieces_read_in_part),
       CASE(test_verify_later_reads_are_checked_by_the_caller), CASE(test_verify_later_reads_of_big_records),
       CASE(test_store_threads_are_named), CASE(test_fixed_pieces_round_trip),
       CASE(test_fixed_unregister_waits_for_io_in_flight), CASE(test_fixed_io_error_fails_the_record),

@@ -8,6 +8,7 @@
  * caller's memory); buffers that are not page-aligned, or that cannot be
  * registered, go through staging. */
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,7 @@
 #include "helpers.h"
 #include "kvtier/kvtier.h"
 #include "store/record.h"
+#include "util/fault.h"
 
 #define BT 16
 #define BLOCK block_bytes
@@ -417,6 +419,82 @@ static void a_find_and_get_after_a_reopen_read_each_part_once(void **s) {
   kvt_close(c);
 }
 
+/* Bytes the storage backend moved (every completion's result). */
+static _Atomic uint64_t moved;
+
+static int count_moved(void *ctx, int site, int64_t arg) {
+  (void)ctx;
+  if (site == KVT_FAULT_IO_COMPLETE && arg > 0) atomic_fetch_add(&moved, (uint64_t)arg);
+  return 0;
+}
+
+/* One byte at offset `at` of every slot's payload flipped. */
+static void flip_payload_at(uint64_t slots, size_t at) {
+  size_t rec = kvt__record_bytes(BT, BLOCK);
+  int fd = open(path, O_RDWR);
+  assert_true(fd >= 0);
+  for (uint64_t slot = 0; slot < slots; slot++) {
+    off_t o = 4096 + (off_t)slot * (off_t)rec + (off_t)kvt__record_prefix_bytes(BT) + (off_t)at;
+    char b;
+    assert_int_equal(pread(fd, &b, 1, o), 1);
+    b ^= 0x21;
+    assert_int_equal(pwrite(fd, &b, 1, o), 1);
+  }
+  fsync(fd);
+  close(fd);
+}
+
+/* A get from disk reads an object's last part only up to the object's
+ * last page (when parts go straight: whole pages, four at least), not the
+ * whole part:
+ * the disk's checksum takes the rest as the zeros the put wrote. The pages
+ * read are still checked: a flipped byte there fails the get; one in the
+ * padding past them is never read. Through staging (parts of 16 KiB here)
+ * every record is read and checked whole. */
+static void the_last_part_is_read_no_further_than_the_object(void **s) {
+  (void)s;
+  const size_t per = per_part(), prefix = kvt__record_prefix_bytes(BT), rec = kvt__record_bytes(BT, BLOCK);
+  const int straight = block_bytes >= 8 * PAGE;
+  const size_t tails[] = {1, PAGE - 1, PAGE, PAGE + 1, per - 1, per};
+  kvt_cache *c = open_objects(0, 64, 1, KVT_LAYOUT_STORAGE);
+  uint32_t tokens[NTOK];
+  for (uint32_t i = 0; i < sizeof tails / sizeof tails[0]; i++) {
+    size_t len = 2 * per + tails[i];
+    conversation(tokens, NTOK, 60 + i);
+    put_pattern(c, tokens, NTOK, len, 90 + i, 0);
+    assert_int_equal(kvt_drain(c), 0);
+    atomic_store(&moved, 0);
+    kvt__fault_set(count_moved, NULL);
+    get_exact(c, tokens, NTOK, len, 90 + i, KVT_TIER_DISK);
+    kvt__fault_set(NULL, NULL);
+    size_t last = (tails[i] + PAGE - 1) / PAGE * PAGE; /* and 3 pages at least: 4 whole-page pieces */
+    if (last < 3 * PAGE) last = 3 * PAGE;
+    uint64_t want = straight ? 2 * rec + prefix + PAGE + last : 3 * rec;
+    assert_int_equal(atomic_load(&moved), want);
+  }
+  kvt_close(c);
+  /* One object of one part, its last page partly filled: the only record.
+   * Its header is remembered from the put, so find reads nothing. */
+  c = open_objects(0, 16, 1, KVT_LAYOUT_STORAGE);
+  conversation(tokens, NTOK, 70);
+  const size_t len = per / 2 + 5;
+  put_pattern(c, tokens, NTOK, len, 99, 0);
+  assert_int_equal(kvt_drain(c), 0);
+  flip_payload_at(16, BLOCK - 1); /* padding: past the object's last page */
+  char *buf = alloc_buf(len);
+  kvt_object_info info = find(c, tokens, NTOK, 0);
+  assert_int_equal(kvt_object_get(c, &info, tokens, buf, len), straight ? 0 : KVT_ECORRUPT);
+  if (straight) {
+    assert_true(kvt_test_check(buf, len, 99));
+    flip_payload_at(16, (block_bytes - per) + len - 1); /* the object's last byte */
+    info = find(c, tokens, NTOK, 0);
+    assert_int_equal(kvt_object_get(c, &info, tokens, buf, len), KVT_ECORRUPT);
+  }
+  find(c, tokens, NTOK, KVT_EMISS); /* a damaged object is removed */
+  free(buf);
+  kvt_close(c);
+}
+
 static void bad_arguments(void **s) {
   (void)s;
   uint32_t tokens[NTOK];
@@ -536,6 +614,7 @@ int main(void) {
       cmocka_unit_test(a_find_and_get_after_a_reopen_read_each_part_once),
       cmocka_unit_test(an_object_put_since_find_is_a_miss),
       cmocka_unit_test(unaligned_or_unregistered_buffers_round_trip),
+      cmocka_unit_test(the_last_part_is_read_no_further_than_the_object),
       cmocka_unit_test(bad_arguments),
   };
   int failed = cmocka_run_group_tests_name("parts of 16 KiB", tests, small_parts, NULL);

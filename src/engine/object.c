@@ -116,7 +116,7 @@ static int run_parts(kvt_cache *c, int get, const kvt_key *keys, const kvt_piece
     b.pieces = pieces + (size_t)first[started] * ppb;
     b.pieces_per_block = ppb;
     b.flags = KVT_KEYS_OPAQUE;
-    int s = get ? kvt_get_into(c, &b, &jobs[started]) : kvt_put_from(c, &b, &jobs[started]);
+    int s = get ? kvt__get_into_part(c, &b, &jobs[started]) : kvt_put_from(c, &b, &jobs[started]);
     if (s != 1) {
       rc = s;
       break;
@@ -269,15 +269,27 @@ static uint64_t tail_at(const object_io *io, uint64_t *n) {
 /* Part i's pieces: its meta area, its share of the caller's buffer (whole
  * pages but in a last part that is not full), and the tail. Split, longest
  * first and on page boundaries where they can be, to make PIECES, as every
- * part of a batch has as many. */
-static void part_pieces(const object_io *io, uint32_t i, kvt_piece *p) {
+ * part of a batch has as many. A put writes the whole part, the tail's
+ * padding zeros included; a get (part_read) of a last part that is not
+ * full reads it only up to the object's last page (kvt__get_into_part:
+ * the disk's checksum takes the rest as the zeros the put wrote), so an
+ * object costs its own bytes and its parts' meta pages, not a whole last
+ * part. */
+static void part_pieces(const object_io *io, uint32_t i, kvt_piece *p, int part_read) {
   uint32_t n = 0;
   uint64_t per = io->block - io->meta, off = (uint64_t)i * per;
   uint64_t len = io->bytes - off < per ? io->bytes - off : per;
   uint64_t whole = len == per ? len : len & ~(uint64_t)(PAGE - 1);
+  uint64_t tail = per - whole;
+  if (part_read && io->meta == PAGE && whole < per) {
+    tail = kvt__align_up(len - whole, PAGE);
+    /* PIECES pages at least, so that each piece is whole pages (straight). */
+    uint64_t pages = 1 + (whole + tail) / PAGE;
+    if (pages < PIECES) tail += (PIECES - pages) * PAGE;
+  }
   p[n++] = io_piece(io, 0, (uint64_t)i * io->meta, io->meta);
   if (whole) p[n++] = io_piece(io, 1, off, whole);
-  if (whole < per) p[n++] = io_piece(io, 0, (uint64_t)(io->tail - io->mem), per - whole);
+  if (tail) p[n++] = io_piece(io, 0, (uint64_t)(io->tail - io->mem), tail);
   while (n < PIECES) {
     uint32_t m = 0;
     for (uint32_t k = 1; k < n; k++)
@@ -293,8 +305,8 @@ static void part_pieces(const object_io *io, uint32_t i, kvt_piece *p) {
   }
 }
 
-static void object_pieces(object_io *io) {
-  for (uint32_t i = 0; i < io->parts; i++) part_pieces(io, i, &io->p[(size_t)i * PIECES]);
+static void object_pieces(object_io *io, int part_read) {
+  for (uint32_t i = 0; i < io->parts; i++) part_pieces(io, i, &io->p[(size_t)i * PIECES], part_read);
 }
 
 /* Headers of objects this cache put or read from disk, so that finding
@@ -477,7 +489,7 @@ int kvt_object_put(kvt_cache *c, const uint32_t *tokens, size_t n_tokens, const 
     *io_trailer(&io, i) = (part_trailer){.nonce = h.nonce, .index = i, .parts = h.parts};
   uint64_t tail_len, tail_off = tail_at(&io, &tail_len);
   memcpy(io.tail, (const char *)data + tail_off, tail_len);
-  object_pieces(&io);
+  object_pieces(&io, 0);
   /* The header's part last, so that a reader never finds it before the rest. */
   if (h.parts > 1 && (rc = run_parts(c, 0, io.keys + 1, io.p + PIECES, h.parts - 1, PIECES)) != 0) goto out;
   if ((rc = run_parts(c, 0, io.keys, io.p, 1, PIECES)) != 0) goto out;
@@ -648,7 +660,7 @@ int kvt_object_get(kvt_cache *c, const kvt_object_info *info, const uint32_t *to
   int rc = io_alloc(c, &io, buf, info->bytes, block);
   if (rc) goto out;
   part_keys(c, &info->key, 0, parts, io.keys);
-  object_pieces(&io);
+  object_pieces(&io, 1);
   /* Part 0 as find read it, when it did (its record checked then): the
    * other parts from the tiers. */
   int kept = p0_take(c, info, &io.keys[0], &io);

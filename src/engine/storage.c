@@ -356,7 +356,7 @@ size_t kvt__storage_metadata_bytes(const kvt_cache *c) {
 }
 
 /* Resolves the batch's pieces to addresses (lock held: regions). */
-static int resolve_pieces(kvt_cache *c, kvt__sjob *jb, const kvt_batch *b) {
+static int resolve_pieces(kvt_cache *c, kvt__sjob *jb, const kvt_batch *b, int part) {
   kvt__storage *s = c->storage;
   jb->regions = 0;
   for (uint32_t i = 0; i < b->n_blocks; i++) {
@@ -383,7 +383,7 @@ static int resolve_pieces(kvt_cache *c, kvt__sjob *jb, const kvt_batch *b) {
       }
       sum += p->len;
     }
-    if (sum != c->block_bytes) return -EINVAL;
+    if (sum != c->block_bytes && !(part && sum < c->block_bytes)) return -EINVAL;
   }
   return 0;
 }
@@ -453,7 +453,7 @@ static void claim_gets(kvt_cache *c, kvt__sjob *jb, const kvt_batch *b, uint32_t
   }
 }
 
-static int submit(kvt_cache *c, const kvt_batch *user, kvt_job *job, int kind) {
+static int submit(kvt_cache *c, const kvt_batch *user, kvt_job *job, int kind, int part) {
   STORAGE_CHECK(c);
   kvt_batch b;
   kvt_batch_init(&b);
@@ -478,7 +478,7 @@ static int submit(kvt_cache *c, const kvt_batch *user, kvt_job *job, int kind) {
   size_t n_tok = b.tokens ? (size_t)b.n_blocks * c->bt : 0;
   rc = sjob_reserve(c, jb, b.n_blocks, (size_t)b.n_blocks * b.pieces_per_block, n_tok);
   pthread_mutex_lock(&c->lock);
-  if (rc == 0) rc = resolve_pieces(c, jb, &b);
+  if (rc == 0) rc = resolve_pieces(c, jb, &b, part);
   if (rc) {
     jb->busy = 0;
     s->free_jobs[s->n_free++] = j;
@@ -496,6 +496,7 @@ static int submit(kvt_cache *c, const kvt_batch *user, kvt_job *job, int kind) {
   if (n_tok) memcpy(jb->tokens, b.tokens, n_tok * sizeof(uint32_t));
   memcpy(jb->keys, b.keys, (size_t)b.n_blocks * sizeof(kvt_key));
   jb->opaque = (b.flags & KVT_KEYS_OPAQUE) != 0;
+  jb->zero_tail = (uint8_t)part;
   jb->parent0 = b.parent ? *b.parent : c->ns;
   if (kind == KVT__SJ_PUT) claim_puts(c, jb, &b);
   else claim_gets(c, jb, &b, rr_from, rr_n);
@@ -508,9 +509,11 @@ static int submit(kvt_cache *c, const kvt_batch *user, kvt_job *job, int kind) {
   return 1;
 }
 
-int kvt_put_from(kvt_cache *c, const kvt_batch *b, kvt_job *job) { return submit(c, b, job, KVT__SJ_PUT); }
+int kvt_put_from(kvt_cache *c, const kvt_batch *b, kvt_job *job) { return submit(c, b, job, KVT__SJ_PUT, 0); }
 
-int kvt_get_into(kvt_cache *c, const kvt_batch *b, kvt_job *job) { return submit(c, b, job, KVT__SJ_GET); }
+int kvt_get_into(kvt_cache *c, const kvt_batch *b, kvt_job *job) { return submit(c, b, job, KVT__SJ_GET, 0); }
+
+int kvt__get_into_part(kvt_cache *c, const kvt_batch *b, kvt_job *job) { return submit(c, b, job, KVT__SJ_GET, 1); }
 
 /* ---- jobs ---- */
 

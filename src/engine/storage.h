@@ -74,6 +74,7 @@ typedef struct kvt__sjob {
   uint32_t gen;
   uint8_t busy, done, user, kind, has_tokens;
   uint8_t opaque;   /* KVT_KEYS_OPAQUE: records carry the namespace as parent */
+  uint8_t zero_tail; /* a get whose blocks' pieces may end early (kvt__get_into_part) */
   kvt_key parent0;  /* chained keys: the parent of keys[0] */
   int status;
   uint32_t n_blocks, ppb;
@@ -130,6 +131,13 @@ typedef struct kvt__storage {
  * their straight iovec tables and the jobs' tables as grown so far
  * (kvt_stats.metadata_bytes). 0 for a cache not in storage mode. */
 size_t kvt__storage_metadata_bytes(const kvt_cache *c);
+
+/* kvt_get_into for a caller inside kvtier whose blocks' pieces may cover
+ * just the first part of a block (objects' last parts): the rest of the
+ * block is not read, and its writer must have left it zero, since the
+ * disk's checksums take it as zeros (kvt__disk_io.zero_tail). Blocks read
+ * from the host tier or through staging are checked whole as usual. */
+int kvt__get_into_part(kvt_cache *c, const kvt_batch *b, kvt_job *job);
 
 /* storage_run.c: the worker thread. */
 void *kvt__storage_worker(void *arg);

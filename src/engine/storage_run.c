@@ -173,7 +173,7 @@ static void stage_retire(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb, kvt__stag
      * on the worker that waited for it, before anything reads it. */
     if (status == 0 && jb->blocks[i].tier == KVT__T_DISK) {
       kvt__disk_io io = {.rec = st->rec, .expected_key = &jb->keys[i], .iov = st->n_iov ? st->iov : NULL,
-                         .n_iov = st->n_iov};
+                         .n_iov = st->n_iov, .zero_tail = jb->zero_tail && st->n_iov};
       status = kvt__disk_verify(c->disk, &io);
     }
     if (status == 0 && jb->blocks[i].tier == KVT__T_REMOTE) status = verify_parent(c, jb, i, st->rec);
@@ -244,7 +244,8 @@ static kvt__disk_io stage_read_io(kvt_cache *c, kvt__stage *st, uint32_t i, kvt_
   pthread_mutex_unlock(&c->lock);
   return (kvt__disk_io){.slot = slot, .rec = st->rec, .arg = st, .iov = st->n_iov ? st->iov : NULL,
                         .n_iov = st->n_iov, .expected_key = &jb->keys[i],
-                        .verify_later = 1 /* checked at retirement, on this worker */};
+                        .verify_later = 1 /* checked at retirement, on this worker */,
+                        .zero_tail = jb->zero_tail && st->n_iov /* pieces may end early: read no further */};
 }
 
 /* Submits the disk reads ios[0..n) of stages sts[0..n) as one batch (one

@@ -47,6 +47,8 @@ typedef struct disk_op {
   kvt_key key;
   int check_key;
   int verify_later;         /* reads: the caller checks the record (kvt__disk_verify) */
+  int zero_tail;            /* reads in pieces: iov covers part of the payload (kvt__disk_io) */
+  uint64_t len;             /* bytes the I/O moves: the slot's, or iov's with zero_tail */
   int at_disk;              /* counted in the store's at_disk */
   kvt__disk_done_fn done;
   void *arg;

@@ -334,7 +334,7 @@ static int op_claim(kvt__disk *d, const disk_op *tmpl, int may_wait, disk_op **o
 
 /* A record in pieces: prefix first, the whole slot in all, and what
  * O_DIRECT needs of every piece. */
-static int pieces_check(const kvt__disk *d, const struct iovec *iov, uint32_t n) {
+static int pieces_check(const kvt__disk *d, const struct iovec *iov, uint32_t n, int zero_tail, uint64_t *len) {
   if (!d->vectored) return KVT_EUNSUPPORTED;
   if (n < 2 || n > KVT_DISK_MAX_IOV || iov[0].iov_len != kvt__record_prefix_bytes(d->block_tokens)) return -EINVAL;
   uint64_t sum = 0;
@@ -343,13 +343,16 @@ static int pieces_check(const kvt__disk *d, const struct iovec *iov, uint32_t n)
     if (d->direct && (((uintptr_t)iov[i].iov_base | iov[i].iov_len) & (KVT_RECORD_ALIGN - 1))) return -EINVAL;
     sum += iov[i].iov_len;
   }
-  return sum == d->slot_bytes ? 0 : -EINVAL;
+  *len = sum;
+  return sum == d->slot_bytes || (zero_tail && sum < d->slot_bytes) ? 0 : -EINVAL;
 }
 
 static int io_prep(kvt__disk *d, int kind, kvt__disk_io *io, kvt__disk_done_fn done, disk_op *t) {
   if (io->slot >= d->slots) return -EINVAL;
+  uint64_t len = d->slot_bytes;
+  int zero_tail = kind == OP_READ && io->iov && io->zero_tail;
   if (io->iov) {
-    int rc = pieces_check(d, io->iov, io->n_iov);
+    int rc = pieces_check(d, io->iov, io->n_iov, zero_tail, &len);
     if (rc) return rc;
   } else if (!io->rec || (d->direct && ((uintptr_t)io->rec & (KVT_RECORD_ALIGN - 1)))) {
     return -EINVAL;
@@ -360,7 +363,8 @@ static int io_prep(kvt__disk *d, int kind, kvt__disk_io *io, kvt__disk_done_fn d
     if (rc) return rc;
   }
   *t = (disk_op){.kind = kind, .slot = io->slot, .buf = rec, .iov = io->iov, .n_iov = io->iov ? io->n_iov : 0,
-                 .done = done, .arg = io->arg, .buf_index = io->iov ? -1 : buf_index_of(d, rec, d->slot_bytes)};
+                 .done = done, .arg = io->arg, .buf_index = io->iov ? -1 : buf_index_of(d, rec, d->slot_bytes),
+                 .zero_tail = zero_tail, .len = len};
   if (kind == OP_WRITE) t->seq = atomic_fetch_add(&d->next_seq, 1); /* call order, not seal order */
   if (kind == OP_WRITE && !d->handoff) op_seal(d, t);
   if (kind == OP_READ && io->expected_key) t->key = *io->expected_key, t->check_key = 1;
@@ -419,14 +423,15 @@ static int batch_run(kvt__disk *d, int kind, kvt__disk_io *ios, uint32_t n, kvt_
 
 static int read_status(kvt__disk *d, disk_op *op) {
   const kvt_key *want = op->check_key ? &op->key : NULL;
-  int rc = op->iov ? kvt__record_check_iov(op->iov, op->n_iov, &d->ns, d->block_tokens, d->payload_bytes, want, NULL)
+  int rc = op->iov ? kvt__record_check_iov(op->iov, op->n_iov, &d->ns, d->block_tokens, d->payload_bytes,
+                                           op->zero_tail, want, NULL)
                    : kvt__record_check(op->buf, d->slot_bytes, &d->ns, d->block_tokens, d->payload_bytes, want, 1, NULL);
   if (rc == KVT_EMISS) rc = KVT_EMISMATCH; /* empty slot: not the block asked for */
   if (rc == KVT_ECORRUPT) atomic_fetch_add(&d->st.checksum_failures, 1);
   if (rc == KVT_EMISMATCH) atomic_fetch_add(&d->st.mismatches, 1);
   if (rc == 0) {
     atomic_fetch_add(&d->st.reads, 1);
-    atomic_fetch_add(&d->st.bytes_read, d->slot_bytes);
+    atomic_fetch_add(&d->st.bytes_read, op->len ? op->len : d->slot_bytes);
   }
   return rc;
 }
@@ -434,7 +439,10 @@ static int read_status(kvt__disk *d, disk_op *op) {
 int kvt__disk_verify(kvt__disk *d, const kvt__disk_io *io) {
   if (!d || !io || (!io->iov && !io->rec)) return -EINVAL;
   disk_op op = {.kind = OP_READ, .buf = io->iov ? io->iov[0].iov_base : io->rec, .iov = io->iov,
-                .n_iov = io->iov ? io->n_iov : 0};
+                .n_iov = io->iov ? io->n_iov : 0, .zero_tail = io->iov && io->zero_tail};
+  if (op.zero_tail) {
+    for (uint32_t i = 0; i < op.n_iov; i++) op.len += op.iov[i].iov_len;
+  }
   if (io->expected_key) op.key = *io->expected_key, op.check_key = 1;
   return read_status(d, &op);
 }
@@ -452,7 +460,7 @@ static void count_ok(kvt__disk *d, disk_op *op) {
  * finished here: the op is no longer the caller's). A read that landed
  * whole still has its checksums to pass. */
 static int op_status(kvt__disk *d, disk_op *op, int res) {
-  uint32_t want = op->kind == OP_TOMB ? KVT_DISK_SUPER_BYTES : (uint32_t)d->slot_bytes;
+  uint32_t want = op->kind == OP_TOMB ? KVT_DISK_SUPER_BYTES : (uint32_t)(op->len ? op->len : d->slot_bytes);
   if ((res == -EAGAIN || res == -EINTR) && op->retries++ < KVT_DISK_MAX_RETRIES) {
     atomic_fetch_add(&d->st.retries, 1);
     op_resubmit(d, op);

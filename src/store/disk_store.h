@@ -142,6 +142,12 @@ typedef struct kvt__disk_io {
    * its own anyway, so the checksum runs there, with no checksum thread's
    * wake-up in series with the read. */
   int verify_later;
+  /* Reads of a record in pieces: 1 = iov may cover the prefix and only the
+   * first part of the payload (whole 4 KiB pages on an O_DIRECT file), and
+   * only that is read; the checksum takes the payload's bytes past it as
+   * zeros, so a record whose writer left them zero (the last part of an
+   * object) passes, and any change to the bytes read fails it. */
+  int zero_tail;
   /* Out: 1 when the record in pieces went as fixed-buffer I/O (every
    * piece inside a buffer of kvt__disk_buf_register), 0 otherwise. */
   int fixed;
@@ -260,10 +266,14 @@ int kvt__record_check(const void *buf, size_t len, const kvt_key *ns, uint32_t b
  * exactly kvt__record_prefix_bytes long), iov[1..n) the payload laid end to
  * end (bytes past payload_bytes are padding). The payload sum is the one
  * the contiguous image gets, so either form reads back the other's. -EINVAL
- * when iov does not have that shape. */
+ * when iov does not have that shape. A check with zero_tail takes a record
+ * read in part: iov[1..n) may end before payload_bytes, and the payload's
+ * bytes past them count as zeros (its writer left them so; bytes never read
+ * are never checked, nor used). */
 int kvt__record_seal_iov(const struct iovec *iov, uint32_t n, const kvt_key *ns, uint32_t block_tokens,
                          uint64_t payload_bytes, uint64_t seq);
 int kvt__record_check_iov(const struct iovec *iov, uint32_t n, const kvt_key *ns, uint32_t block_tokens,
-                          uint64_t payload_bytes, const kvt_key *expected_key, kvt__record_hdr *out);
+                          uint64_t payload_bytes, int zero_tail, const kvt_key *expected_key,
+                          kvt__record_hdr *out);
 
 #endif

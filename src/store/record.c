@@ -117,16 +117,38 @@ static uint64_t pieces_hash(const struct iovec *iov, uint32_t n, uint64_t bytes)
   return XXH3_64bits_digest(&st);
 }
 
-static int pieces_ok(const struct iovec *iov, uint32_t n, uint32_t block_tokens, uint64_t payload_bytes) {
+/* The same with the payload's last bytes past iov[0..n) taken as zeros
+ * (a record read in part: its writer left them zero). */
+static uint64_t pieces_hash_zero_tail(const struct iovec *iov, uint32_t n, uint64_t bytes) {
+  static const unsigned char zeros[16384];
+  XXH3_state_t st;
+  XXH3_64bits_reset(&st);
+  for (uint32_t i = 0; i < n && bytes; i++) {
+    size_t k = iov[i].iov_len < bytes ? iov[i].iov_len : bytes;
+    payload_hash_update(&st, iov[i].iov_base, k);
+    bytes -= k;
+  }
+  for (; bytes; ) {
+    size_t k = bytes < sizeof zeros ? (size_t)bytes : sizeof zeros;
+    payload_hash_update(&st, zeros, k);
+    bytes -= k;
+  }
+  return XXH3_64bits_digest(&st);
+}
+
+/* The prefix, then the payload's pieces: all of it (at least
+ * payload_bytes), or with zero_tail any part of it. */
+static int pieces_ok(const struct iovec *iov, uint32_t n, uint32_t block_tokens, uint64_t payload_bytes,
+                     int zero_tail) {
   if (!iov || n < 2 || iov[0].iov_len != kvt__record_prefix_bytes(block_tokens)) return 0;
   uint64_t sum = 0;
   for (uint32_t i = 1; i < n; i++) sum += iov[i].iov_len;
-  return sum >= payload_bytes;
+  return sum >= payload_bytes || (zero_tail && sum > 0);
 }
 
 int kvt__record_seal_iov(const struct iovec *iov, uint32_t n, const kvt_key *ns, uint32_t block_tokens,
                          uint64_t payload_bytes, uint64_t seq) {
-  if (!pieces_ok(iov, n, block_tokens, payload_bytes)) return -EINVAL;
+  if (!pieces_ok(iov, n, block_tokens, payload_bytes, 0)) return -EINVAL;
   kvt__record_hdr *h = iov[0].iov_base;
   int rc = kvt__record_seal_check(h, block_tokens);
   if (rc) return rc;
@@ -143,12 +165,15 @@ int kvt__record_seal_iov(const struct iovec *iov, uint32_t n, const kvt_key *ns,
 }
 
 int kvt__record_check_iov(const struct iovec *iov, uint32_t n, const kvt_key *ns, uint32_t block_tokens,
-                          uint64_t payload_bytes, const kvt_key *expected_key, kvt__record_hdr *out) {
-  if (!pieces_ok(iov, n, block_tokens, payload_bytes)) return -EINVAL;
+                          uint64_t payload_bytes, int zero_tail, const kvt_key *expected_key,
+                          kvt__record_hdr *out) {
+  if (!pieces_ok(iov, n, block_tokens, payload_bytes, zero_tail)) return -EINVAL;
   kvt__record_hdr h;
   int rc = kvt__record_check(iov[0].iov_base, iov[0].iov_len, ns, block_tokens, payload_bytes, expected_key, 0, &h);
   if (rc) return rc;
-  if (pieces_hash(iov + 1, n - 1, payload_bytes) != h.payload_sum) return KVT_ECORRUPT;
+  uint64_t sum = zero_tail ? pieces_hash_zero_tail(iov + 1, n - 1, payload_bytes)
+                           : pieces_hash(iov + 1, n - 1, payload_bytes);
+  if (sum != h.payload_sum) return KVT_ECORRUPT;
   if (out) *out = h;
   return 0;
 }
