@@ -33,9 +33,9 @@
  * really is read from the device (all its bytes, every round), and how
  * each side's reads reach it: the file in a few large requests of the
  * kernel's read-ahead, kvtier in its parts' records (256 KiB and a 4 KiB
- * prefix each, their meta pages making 3.5% more bytes than the state,
- * and the last part read whole however little of it the state fills),
- * merged when adjacent.
+ * prefix each, their meta pages making 3.5% more bytes than the state;
+ * the last part read only up to the state's last page), merged when
+ * adjacent.
  *
  * Why kvtier's disk tier once lost to the cold file, and by how much it
  * varied: on the virtual disk this bench ran on, an O_DIRECT read costs
