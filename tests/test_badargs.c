@@ -1164,6 +1164,7 @@ static void storage_mode_calls_bad_args(void **state) {
   b.n_blocks = 2;
   p[1].len = 100; /* pieces do not add up to the block */
   assert_int_equal(kvt_put_from(c, &b, &job), -EINVAL);
+  assert_int_equal(kvt_get_into(c, &b, &job), -EINVAL); /* a get reads whole blocks too */
   p[1].len = 4096;
   p[1].offset = 4097; /* past the region */
   assert_int_equal(kvt_get_into(c, &b, &job), -EINVAL);

@@ -553,6 +553,37 @@ static void an_object_put_since_find_is_a_miss(void **s) {
   kvt_close(c);
 }
 
+/* find described one object; another, longer but of as many parts, was
+ * put under the same key before the get. Its last part has bytes past the
+ * pages the get reads of the described one's: still a miss, not a damaged
+ * object (nothing counted as a checksum failure), and the new one stays,
+ * whole. Also for an object of one part. */
+static void a_longer_object_put_since_find_is_a_miss(void **s) {
+  (void)s;
+  const size_t per = per_part();
+  const size_t lens[][2] = {{2 * per + 10, 3 * per}, {100, per}};
+  for (uint32_t i = 0; i < 2; i++) {
+    kvt_cache *c = open_objects(0, 64, 1, KVT_LAYOUT_STORAGE);
+    uint32_t tokens[NTOK];
+    conversation(tokens, NTOK, 45 + i);
+    put_pattern(c, tokens, NTOK, lens[i][0], 46, 0);
+    assert_int_equal(kvt_drain(c), 0);
+    kvt_object_info old = find(c, tokens, NTOK, 0);
+    assert_int_equal(kvt_object_remove(c, tokens, NTOK), 0);
+    put_pattern(c, tokens, NTOK, lens[i][1], 47, 0);
+    assert_int_equal(kvt_drain(c), 0);
+    assert_int_equal(find(c, tokens, NTOK, 0).parts, old.parts);
+    char *buf = alloc_buf(lens[i][1]);
+    assert_int_equal(kvt_object_get(c, &old, tokens, buf, lens[i][1]), KVT_EMISS);
+    kvt_stats st = {.size = sizeof st};
+    assert_int_equal(kvt_get_stats(c, &st), 0);
+    assert_int_equal(st.checksum_failures, 0);
+    get_exact(c, tokens, NTOK, lens[i][1], 47, KVT_TIER_DISK);
+    free(buf);
+    kvt_close(c);
+  }
+}
+
 /* Buffers the disk tier cannot move straight: one byte off a page, and
  * page-aligned ones when every region of the storage table is taken (the
  * object's calls register theirs for the call only). Both go through
@@ -613,6 +644,7 @@ int main(void) {
       cmocka_unit_test(objects_on_disk_survive_a_reopen),
       cmocka_unit_test(a_find_and_get_after_a_reopen_read_each_part_once),
       cmocka_unit_test(an_object_put_since_find_is_a_miss),
+      cmocka_unit_test(a_longer_object_put_since_find_is_a_miss),
       cmocka_unit_test(unaligned_or_unregistered_buffers_round_trip),
       cmocka_unit_test(the_last_part_is_read_no_further_than_the_object),
       cmocka_unit_test(bad_arguments),

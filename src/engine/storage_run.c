@@ -2,6 +2,7 @@
  * and record images (or straight between the pieces and the file),
  * commit per-block results (storage.h). */
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -157,6 +158,50 @@ static void stage_done(void *arg, int status) {
   pthread_mutex_unlock(&w->lock);
 }
 
+/* A read in part (zero_tail) that failed its checksum: the bytes read are
+ * damaged, or the record is sound but not zero past them (another put than
+ * the one the caller's pieces describe, say an object put again, longer,
+ * since its caller found it). Only the whole record tells which: read here,
+ * its checksums checked, and its first bytes given to block i's pieces
+ * when it passes (the caller then finds the object is not the one it
+ * asked for), so a sound record is never taken for a damaged one. */
+typedef struct whole_wait {
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  int done, status;
+} whole_wait;
+
+static void whole_done(void *arg, int status) {
+  whole_wait *ww = arg;
+  pthread_mutex_lock(&ww->lock);
+  ww->status = status;
+  ww->done = 1;
+  pthread_cond_signal(&ww->cond);
+  pthread_mutex_unlock(&ww->lock);
+}
+
+static int reread_whole(kvt_cache *c, kvt__sjob *jb, uint32_t i) {
+  void *rec = NULL;
+  if (posix_memalign(&rec, KVT_RECORD_ALIGN, c->record_bytes)) return -ENOMEM;
+  pthread_mutex_lock(&c->lock);
+  uint32_t slot = kvt__E(c, jb->blocks[i].entry)->slot[KVT__T_DISK]; /* pinned */
+  pthread_mutex_unlock(&c->lock);
+  whole_wait ww = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+  int rc;
+  while ((rc = kvt__disk_read(c->disk, slot, rec, &jb->keys[i], whole_done, &ww)) == KVT_EBUSY) usleep(20);
+  if (rc == 0) {
+    pthread_mutex_lock(&ww.lock);
+    while (!ww.done) pthread_cond_wait(&ww.cond, &ww.lock);
+    pthread_mutex_unlock(&ww.lock);
+    rc = ww.status;
+  }
+  if (rc == 0) rc = copy_pieces(jb, i, kvt__record_payload(rec, c->bt), 1);
+  pthread_mutex_destroy(&ww.lock);
+  pthread_cond_destroy(&ww.cond);
+  free(rec);
+  return rc;
+}
+
 /* Waits for stage k's I/O and hands its block to the job. */
 static void stage_retire(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb, kvt__stage *st) {
   if (st->block == KVT__NONE) return;
@@ -175,6 +220,7 @@ static void stage_retire(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb, kvt__stag
       kvt__disk_io io = {.rec = st->rec, .expected_key = &jb->keys[i], .iov = st->n_iov ? st->iov : NULL,
                          .n_iov = st->n_iov, .zero_tail = jb->zero_tail && st->n_iov};
       status = kvt__disk_verify(c->disk, &io);
+      if (status == KVT_ECORRUPT && io.zero_tail) status = reread_whole(c, jb, i);
     }
     if (status == 0 && jb->blocks[i].tier == KVT__T_REMOTE) status = verify_parent(c, jb, i, st->rec);
     if (status == 0) status = verify_tokens(c, jb, i, st->rec);
