@@ -8,6 +8,7 @@
  * caller's memory); buffers that are not page-aligned, or that cannot be
  * registered, go through staging. */
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -495,6 +496,79 @@ static void the_last_part_is_read_no_further_than_the_object(void **s) {
   kvt_close(c);
 }
 
+/* kvtier's own (engine/storage.h): the keys of an object's parts. */
+void kvt__object_part_keys(kvt_cache *c, const kvt_key *key, uint32_t first, uint32_t n, kvt_key *out);
+
+/* A storage completion held until the test lets it go: the block it
+ * belongs to stays "being stored" meanwhile. */
+static struct {
+  pthread_mutex_t m;
+  pthread_cond_t cv;
+  int armed, holding, released;
+} gate = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0};
+
+static int gate_hook(void *ctx, int site, int64_t arg) {
+  (void)ctx, (void)arg;
+  if (site != KVT_FAULT_IO_DELAY_US) return 0;
+  pthread_mutex_lock(&gate.m);
+  if (gate.armed) {
+    gate.armed = 0;
+    gate.holding = 1;
+    pthread_cond_broadcast(&gate.cv);
+    while (!gate.released) pthread_cond_wait(&gate.cv, &gate.m);
+  }
+  pthread_mutex_unlock(&gate.m);
+  return 0;
+}
+
+/* A put under a key while another call holds one of its parts (here a put
+ * of that part's key still being written; a get reading it alike) stores
+ * nothing and says so (KVT_EAGAIN): written then, the object would hold
+ * parts of two puts, which every get refuses. Once the other call is
+ * over, the put stores it whole. */
+static void a_put_while_another_call_holds_a_part_is_eagain(void **s) {
+  (void)s;
+  kvt_cache *c = open_objects(0, 16, 1, KVT_LAYOUT_STORAGE);
+  uint32_t tokens[NTOK];
+  conversation(tokens, NTOK, 80);
+  kvt_key keys[NTOK / BT], parts[3];
+  size_t n_keys = 0;
+  assert_int_equal(kvt_hash_tokens(c, NULL, tokens, NTOK, keys, NTOK / BT, &n_keys), 0);
+  kvt__object_part_keys(c, &keys[n_keys - 1], 0, 3, parts);
+  const size_t len = 2 * per_part() + 999; /* three parts */
+  char *other = alloc_buf(BLOCK);
+  memset(other, 0x77, BLOCK);
+  kvt_piece piece = {.ptr = other, .len = BLOCK};
+  kvt_batch b;
+  kvt_batch_init(&b);
+  b.n_blocks = 1;
+  b.keys = &parts[1];
+  b.pieces = &piece;
+  b.pieces_per_block = 1;
+  b.flags = KVT_KEYS_OPAQUE;
+  gate.armed = 1, gate.holding = 0, gate.released = 0;
+  kvt__fault_set(gate_hook, NULL);
+  kvt_job job = 0;
+  assert_int_equal(kvt_put_from(c, &b, &job), 1);
+  pthread_mutex_lock(&gate.m);
+  while (!gate.holding) pthread_cond_wait(&gate.cv, &gate.m);
+  pthread_mutex_unlock(&gate.m);
+  put_pattern(c, tokens, NTOK, len, 120, KVT_EAGAIN);
+  pthread_mutex_lock(&gate.m);
+  gate.released = 1;
+  pthread_cond_broadcast(&gate.cv);
+  pthread_mutex_unlock(&gate.m);
+  assert_int_equal(kvt_storage_wait(c, job, -1), 0);
+  assert_int_equal(kvt_storage_release(c, job), 0);
+  kvt__fault_set(NULL, NULL);
+  find(c, tokens, NTOK, KVT_EMISS); /* nothing of the refused put was written */
+  assert_int_equal(kvt_remove(c, &parts[1], 1, NULL), 0);
+  put_pattern(c, tokens, NTOK, len, 121, 0);
+  get_exact(c, tokens, NTOK, len, 121, KVT_TIER_DISK);
+  free(other);
+  kvt_close(c);
+}
+
 static void bad_arguments(void **s) {
   (void)s;
   uint32_t tokens[NTOK];
@@ -647,6 +721,7 @@ int main(void) {
       cmocka_unit_test(a_longer_object_put_since_find_is_a_miss),
       cmocka_unit_test(unaligned_or_unregistered_buffers_round_trip),
       cmocka_unit_test(the_last_part_is_read_no_further_than_the_object),
+      cmocka_unit_test(a_put_while_another_call_holds_a_part_is_eagain),
       cmocka_unit_test(bad_arguments),
   };
   int failed = cmocka_run_group_tests_name("parts of 16 KiB", tests, small_parts, NULL);

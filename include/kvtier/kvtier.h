@@ -1033,10 +1033,13 @@ typedef struct kvt_object_info {
 /* Stores len bytes of data (1..2^40) as the object of tokens[0..n_tokens)
  * (n_tokens >= block_tokens; the key is that of the last full block).
  * Returns 0 stored, 1 when an object is already stored under that key
- * (kept as it is: kvt_object_remove first to replace it), or -EINVAL,
- * KVT_ELAYOUT, KVT_ESTATE (not a storage-mode cache), -E2BIG, -ENOMEM,
- * KVT_ENOSPACE (the tiers cannot hold every part at once; nothing is
- * kept), or a part's error. data is read during the call only. Its parts
+ * (kept as it is: kvt_object_remove first to replace it), KVT_EAGAIN
+ * (another call holds parts of that key: a get reading them, a put
+ * writing them; nothing of this put is kept, put again later: written
+ * meanwhile, the object would hold parts of two puts, which gets refuse),
+ * or -EINVAL, KVT_ELAYOUT, KVT_ESTATE (not a storage-mode cache), -E2BIG,
+ * -ENOMEM, KVT_ENOSPACE (the tiers cannot hold every part at once;
+ * nothing is kept), or a part's error. data is read during the call only. Its parts
  * follow the write policy as kvt_put_from's blocks do (KVT_WRITE_THROUGH:
  * on disk too, once the spill it starts is over). May block. */
 KVT_API int kvt_object_put(kvt_cache *c, const uint32_t *tokens, size_t n_tokens, const void *data,

@@ -50,7 +50,7 @@ _Static_assert(sizeof(part_trailer) == 16, "part trailer layout");
 #define PIECES 4 /* per part: meta, bytes, tail; split to make four */
 
 /* Part i's key: the prefix key and i, as an opaque key of this namespace. */
-static void part_keys(kvt_cache *c, const kvt_key *key, uint32_t first, uint32_t n, kvt_key *out) {
+void kvt__object_part_keys(kvt_cache *c, const kvt_key *key, uint32_t first, uint32_t n, kvt_key *out) {
   for (uint32_t i = 0; i < n; i++) {
     uint64_t in[4] = {key->lo, key->hi, first + i, OBJECT_MAGIC};
     out[i] = kvt__opaque_key(&c->ns, in, sizeof in);
@@ -58,6 +58,7 @@ static void part_keys(kvt_cache *c, const kvt_key *key, uint32_t first, uint32_t
 }
 
 static int parts_present(kvt_cache *c, const struct object_header *h, uint32_t *tier);
+static void remove_parts(kvt_cache *c, const kvt_key *key, uint32_t parts);
 
 /* A part is [meta | the object's next bytes]: the meta area holds part 0's
  * header and every part's trailer. It is a whole page when parts are
@@ -89,13 +90,26 @@ static int prefix_keys(kvt_cache *c, const uint32_t *tokens, size_t n_tokens, kv
   return rc;
 }
 
-static int batch_result(kvt_cache *c, kvt_job job, uint32_t n) {
+/* A batch's first block that did not land: a get's that was not there is a
+ * miss; a put's that was skipped (its key stored or being stored since the
+ * put removed it: another call under the same key) is KVT_EAGAIN. */
+static int batch_result(kvt_cache *c, kvt_job job, uint32_t n, int get) {
   int32_t *res = malloc(n * sizeof *res);
   uint32_t n_ok = 0;
   int rc = res ? kvt_storage_results(c, job, res, n, &n_ok) : -ENOMEM;
-  if (rc == 0 && n_ok < n) rc = res[n_ok] == 1 ? KVT_EMISS : res[n_ok];
+  if (rc == 0 && n_ok < n) rc = res[n_ok] == 1 ? (get ? KVT_EMISS : KVT_EAGAIN) : res[n_ok];
   free(res);
   return rc;
+}
+
+/* 1 when a part of keys[0..n) is in the tier map in any state: stored,
+ * being stored, or held by a get (a removal leaves those). */
+static int parts_held(kvt_cache *c, const kvt_key *keys, uint32_t n) {
+  int held = 0;
+  pthread_mutex_lock(&c->lock);
+  for (uint32_t i = 0; i < n && !held; i++) held = kvt__index_find(&c->map, &keys[i]) != KVT__NONE;
+  pthread_mutex_unlock(&c->lock);
+  return held;
 }
 
 /* Runs opaque-keyed storage batches of n parts (ppb pieces each) and waits:
@@ -124,7 +138,7 @@ static int run_parts(kvt_cache *c, int get, const kvt_key *keys, const kvt_piece
   }
   for (uint32_t k = 0; k < started; k++) {
     int s = kvt_storage_wait(c, jobs[k], -1);
-    if (s == 0 && get) s = batch_result(c, jobs[k], first[k + 1] - first[k]);
+    if (s == 0) s = batch_result(c, jobs[k], first[k + 1] - first[k], get);
     if (s && !rc) rc = s;
     kvt_storage_release(c, jobs[k]);
   }
@@ -472,16 +486,23 @@ int kvt_object_put(kvt_cache *c, const uint32_t *tokens, size_t n_tokens, const 
   if (!h.parts) return -EINVAL;
   object_io io = {0};
   if ((rc = io_alloc(c, &io, (char *)(uintptr_t)data, len, block)) != 0) goto out;
-  part_keys(c, &h.key, 0, h.parts, io.keys);
+  kvt__object_part_keys(c, &h.key, 0, h.parts, io.keys);
   kvt_lookup_result res = {.size = sizeof res};
   if ((rc = kvt_exists(c, NULL, io.keys, h.parts, KVT_KEYS_OPAQUE, &res, NULL)) != 0) goto out;
   if (res.n_prefix == h.parts) {
     rc = 1;
     goto out;
   }
-  /* Parts left by an object partly evicted would be skipped by the put. */
+  /* Parts left by an object partly evicted would be skipped by the put. A
+   * part the removal leaves is another call's (a get reading it, a put
+   * writing it): written now, the object would hold parts of two puts,
+   * which every get refuses. So not now: KVT_EAGAIN, nothing written. */
   memo_drop(c, &h.key);
   kvt_remove(c, io.keys, h.parts, NULL);
+  if (parts_held(c, io.keys, h.parts)) {
+    rc = KVT_EAGAIN;
+    goto out;
+  }
   h.nonce = put_nonce(c, &h.key);
   memset(io.mem, 0, io.mem_len);
   *io_header(&io) = h;
@@ -490,9 +511,13 @@ int kvt_object_put(kvt_cache *c, const uint32_t *tokens, size_t n_tokens, const 
   uint64_t tail_len, tail_off = tail_at(&io, &tail_len);
   memcpy(io.tail, (const char *)data + tail_off, tail_len);
   object_pieces(&io, 0);
-  /* The header's part last, so that a reader never finds it before the rest. */
-  if (h.parts > 1 && (rc = run_parts(c, 0, io.keys + 1, io.p + PIECES, h.parts - 1, PIECES)) != 0) goto out;
-  if ((rc = run_parts(c, 0, io.keys, io.p, 1, PIECES)) != 0) goto out;
+  /* The header's part last, so that a reader never finds it before the
+   * rest. A part skipped (another put under the key claimed it since the
+   * check above) leaves a mix of two puts: removed, KVT_EAGAIN. */
+  if (h.parts > 1) rc = run_parts(c, 0, io.keys + 1, io.p + PIECES, h.parts - 1, PIECES);
+  if (rc == 0) rc = run_parts(c, 0, io.keys, io.p, 1, PIECES);
+  if (rc == KVT_EAGAIN) remove_parts(c, &h.key, h.parts);
+  if (rc) goto out;
   /* Parts evicted by the object's own later parts: larger than the tiers. */
   uint32_t tier;
   if (parts_present(c, &h, &tier) == KVT_EMISS) {
@@ -546,7 +571,7 @@ static void scratch_close(kvt_cache *c, part_scratch *s) {
 /* Reads and checks the header of the object filed under key into *h. */
 static int read_header(kvt_cache *c, const kvt_key *key, const part_scratch *s, object_header *h) {
   kvt_key k0;
-  part_keys(c, key, 0, 1, &k0);
+  kvt__object_part_keys(c, key, 0, 1, &k0);
   kvt_lookup_result res = {.size = sizeof res};
   int rc = kvt_exists(c, NULL, &k0, 1, KVT_KEYS_OPAQUE, &res, NULL);
   if (rc) return rc;
@@ -578,7 +603,7 @@ static int parts_present(kvt_cache *c, const struct object_header *h, uint32_t *
   uint8_t *tiers = malloc(h->parts);
   int rc = -ENOMEM;
   if (pk && tiers) {
-    part_keys(c, &h->key, 0, h->parts, pk);
+    kvt__object_part_keys(c, &h->key, 0, h->parts, pk);
     kvt_lookup_result res = {.size = sizeof res};
     rc = kvt_exists(c, NULL, pk, h->parts, KVT_KEYS_OPAQUE, &res, tiers);
     if (rc == 0 && res.n_prefix != h->parts) rc = KVT_EMISS;
@@ -633,7 +658,7 @@ int kvt_object_find(kvt_cache *c, const uint32_t *tokens, size_t n_tokens, kvt_o
 static void remove_parts(kvt_cache *c, const kvt_key *key, uint32_t parts) {
   kvt_key *pk = malloc(parts * sizeof *pk);
   if (!pk) return;
-  part_keys(c, key, 0, parts, pk);
+  kvt__object_part_keys(c, key, 0, parts, pk);
   memo_drop(c, key);
   kvt_remove(c, pk, parts, NULL);
   free(pk);
@@ -659,7 +684,7 @@ int kvt_object_get(kvt_cache *c, const kvt_object_info *info, const uint32_t *to
   object_io io = {0};
   int rc = io_alloc(c, &io, buf, info->bytes, block);
   if (rc) goto out;
-  part_keys(c, &info->key, 0, parts, io.keys);
+  kvt__object_part_keys(c, &info->key, 0, parts, io.keys);
   object_pieces(&io, 1);
   /* Part 0 as find read it, when it did (its record checked then): the
    * other parts from the tiers. */

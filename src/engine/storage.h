@@ -139,6 +139,10 @@ size_t kvt__storage_metadata_bytes(const kvt_cache *c);
  * from the host tier or through staging are checked whole as usual. */
 int kvt__get_into_part(kvt_cache *c, const kvt_batch *b, kvt_job *job);
 
+/* object.c: the storage keys of parts [first, first + n) of the object
+ * filed under key (tests name them to hold a part). */
+void kvt__object_part_keys(kvt_cache *c, const kvt_key *key, uint32_t first, uint32_t n, kvt_key *out);
+
 /* storage_run.c: the worker thread. */
 void *kvt__storage_worker(void *arg);
 /* storage_through.c: KVT_WRITE_THROUGH's disk copies of a put (lock NOT held). */
