@@ -215,7 +215,8 @@ int kl_park(kl_engine *e, const llama_token *t, size_t n) {
   size_t len = llama_state_seq_get_data(e->ctx, e->state, need, 0);
   kl_clear(e);
   if (len == 0) return -EIO;
-  return kvt_object_put(e->cache, (const uint32_t *)t, n, e->state, len);
+  rc = kvt_object_put(e->cache, (const uint32_t *)t, n, e->state, len);
+  return rc == KVT_EAGAIN ? 1 : rc; /* parts of that key in flight (a spill): parking is best effort */
 }
 
 static void calibrate_link(kvt_link *l, double bytes, double s) {

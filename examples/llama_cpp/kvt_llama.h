@@ -84,7 +84,9 @@ int kl_serve(kl_engine *e, const llama_token *t, size_t n, float *logits, kl_tur
 
 /* The conversation in the context, t[0..n), goes idle: its state is put
  * into kvtier under its prefix and the context is cleared. Returns 0, 1 (an
- * object for that prefix was already stored) or a negative code. */
+ * object for that prefix was already stored, or kvtier was still moving
+ * parts of the one stored there: not parked this time, which only costs a
+ * recompute later) or a negative code. */
 int kl_park(kl_engine *e, const llama_token *t, size_t n);
 
 /* Closes kvtier's cache and opens it again on the same disk tier, as a
