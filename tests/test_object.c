@@ -38,6 +38,7 @@ static char *alloc_buf(size_t len) {
 #define NTOK (16 * BT)
 
 static char path[4200];
+static kvt_write_policy write_policy; /* KVT_WRITE_BACK unless a test says */
 
 static kvt_cache *open_objects(uint32_t host, uint64_t disk, int reset, uint32_t flags) {
   kvt_config cfg;
@@ -46,6 +47,7 @@ static kvt_cache *open_objects(uint32_t host, uint64_t disk, int reset, uint32_t
   cfg.block_tokens = BT;
   cfg.host_blocks = host;
   cfg.copy_threads = 2;
+  cfg.write_policy = write_policy;
   snprintf(path, sizeof path, "%s/object.kvt", kvt_test_tmpdir());
   cfg.disk_path = disk ? path : NULL;
   cfg.disk_blocks = disk;
@@ -569,6 +571,50 @@ static void a_put_while_another_call_holds_a_part_is_eagain(void **s) {
   kvt_close(c);
 }
 
+/* The first storage completion stalls for 300 ms (not waiting for the
+ * test: a call that waits for it returns); slow_started tells it began. */
+static atomic_int slow_armed, slow_started;
+
+static int slow_hook(void *ctx, int site, int64_t arg) {
+  (void)ctx, (void)arg;
+  if (site != KVT_FAULT_IO_DELAY_US || !atomic_exchange(&slow_armed, 0)) return 0;
+  atomic_store(&slow_started, 1);
+  return 300000;
+}
+
+/* One thread, KVT_WRITE_THROUGH: an object put, removed and put again
+ * while the disk copies of its first put are still being written (the
+ * put does not wait for them) is replaced, as kvt_object_remove promises:
+ * no other call holds its parts. */
+static void an_object_removed_while_its_disk_copies_are_written_is_put_again(void **s) {
+  (void)s;
+  write_policy = KVT_WRITE_THROUGH;
+  kvt_cache *c = open_objects(16, 64, 1, KVT_LAYOUT_STORAGE);
+  write_policy = KVT_WRITE_BACK;
+  uint32_t tokens[NTOK];
+  conversation(tokens, NTOK, 81);
+  const size_t len = 2 * per_part() + 999; /* three parts */
+  atomic_store(&slow_armed, 1);
+  atomic_store(&slow_started, 0);
+  kvt__fault_set(slow_hook, NULL);
+  put_pattern(c, tokens, NTOK, len, 130, 0);
+  while (!atomic_load(&slow_started)) usleep(1000); /* its disk copies in flight */
+  assert_int_equal(kvt_object_remove(c, tokens, NTOK), 0);
+  char *buf = alloc_buf(len);
+  kvt_test_fill(buf, len, 131);
+  int rc = kvt_object_put(c, tokens, NTOK, buf, len);
+  assert_int_equal(kvt_drain(c), 0);
+  kvt__fault_set(NULL, NULL);
+  if (rc != 0) {
+    free(buf);
+    kvt_close(c);
+    fail_msg("put again after the remove: %d", rc);
+  }
+  get_exact(c, tokens, NTOK, len, 131, KVT_TIER_HOST);
+  free(buf);
+  kvt_close(c);
+}
+
 static void bad_arguments(void **s) {
   (void)s;
   uint32_t tokens[NTOK];
@@ -722,6 +768,7 @@ int main(void) {
       cmocka_unit_test(unaligned_or_unregistered_buffers_round_trip),
       cmocka_unit_test(the_last_part_is_read_no_further_than_the_object),
       cmocka_unit_test(a_put_while_another_call_holds_a_part_is_eagain),
+      cmocka_unit_test(an_object_removed_while_its_disk_copies_are_written_is_put_again),
       cmocka_unit_test(bad_arguments),
   };
   int failed = cmocka_run_group_tests_name("parts of 16 KiB", tests, small_parts, NULL);

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/utsname.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "helpers.h"
@@ -797,6 +798,37 @@ static void fixed_region_is_faulted_in_before_it_is_pinned(void **s) {
   sfix_close(&f);
 }
 
+/* A file the engine maps shared (a sparse one here) and registers as
+ * fixed memory is not written by the registration: its holes stay holes
+ * (no disk space taken, no page dirtied for writeback), whether or not the
+ * kernel takes its pages as a fixed buffer. */
+static void a_shared_file_mapping_registered_fixed_is_not_written(void **s) {
+  (void)s;
+  sfix f;
+  sfix_open(&f, 0, 64, 1);
+  char fpath[4200];
+  snprintf(fpath, sizeof fpath, "%s/sparse.map", kvt_test_tmpdir());
+  int fd = open(fpath, O_RDWR | O_CREAT | O_TRUNC, 0600);
+  assert_true(fd >= 0);
+  const size_t len = (size_t)8 << 20;
+  assert_int_equal(ftruncate(fd, (off_t)len), 0);
+  void *base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  assert_true(base != MAP_FAILED);
+  struct stat st;
+  assert_int_equal(fstat(fd, &st), 0);
+  const blkcnt_t before = st.st_blocks;
+  kvt_region r;
+  assert_int_equal(kvt_register_memory(f.c, base, len, KVT_MEM_HOST_FIXED, &r), 0);
+  assert_int_equal(kvt_unregister_memory(f.c, r), 0);
+  assert_int_equal(fstat(fd, &st), 0);
+  const blkcnt_t after = st.st_blocks;
+  munmap(base, len);
+  close(fd);
+  unlink(fpath);
+  sfix_close(&f);
+  assert_int_equal(after, before);
+}
+
 /* When the kernel refuses to register a region's pages (RLIMIT_MEMLOCK,
  * memory it cannot pin), its blocks still go straight, as one vectored
  * I/O each, byte-exact; registered again (the kernel takes it now), they
@@ -1213,6 +1245,7 @@ int main(void) {
       cmocka_unit_test(fixed_registration_refused_falls_back),
       cmocka_unit_test(unregister_while_fixed_io_in_flight),
       cmocka_unit_test(fixed_region_is_faulted_in_before_it_is_pinned),
+      cmocka_unit_test(a_shared_file_mapping_registered_fixed_is_not_written),
       cmocka_unit_test(straight_and_staged_blocks_in_one_batch),
       cmocka_unit_test(straight_gets_of_spilled_blocks),
       cmocka_unit_test(straight_io_error_fails_its_block),

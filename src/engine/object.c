@@ -112,6 +112,24 @@ static int parts_held(kvt_cache *c, const kvt_key *keys, uint32_t n) {
   return held;
 }
 
+/* Waits for the disk copies in flight of keys[0..n) (a KVT_WRITE_THROUGH
+ * spill, or a host victim's): kvtier's own, over soon, they keep a part
+ * from kvt_remove, which would leave it stored. */
+static void spills_wait(kvt_cache *c, const kvt_key *keys, uint32_t n) {
+  kvt__flush_submits(c);
+  pthread_mutex_lock(&c->lock);
+  for (uint32_t i = 0; i < n; i++) {
+    for (;;) {
+      uint32_t e = kvt__index_find(&c->map, &keys[i]);
+      if (e == KVT__NONE) break;
+      const kvt__entry *en = kvt__E(c, e);
+      if (en->state[KVT__T_HOST] != KVT__VALID || en->state[KVT__T_DISK] != KVT__FILLING) break;
+      kvt__wait(c, NULL);
+    }
+  }
+  pthread_mutex_unlock(&c->lock);
+}
+
 /* Runs opaque-keyed storage batches of n parts (ppb pieces each) and waits:
  * split between the storage workers, which copy (and read) in parallel. */
 static int run_parts(kvt_cache *c, int get, const kvt_key *keys, const kvt_piece *pieces, uint32_t n, uint32_t ppb) {
@@ -498,6 +516,7 @@ int kvt_object_put(kvt_cache *c, const uint32_t *tokens, size_t n_tokens, const 
    * writing it): written now, the object would hold parts of two puts,
    * which every get refuses. So not now: KVT_EAGAIN, nothing written. */
   memo_drop(c, &h.key);
+  spills_wait(c, io.keys, h.parts);
   kvt_remove(c, io.keys, h.parts, NULL);
   if (parts_held(c, io.keys, h.parts)) {
     rc = KVT_EAGAIN;
@@ -660,6 +679,7 @@ static void remove_parts(kvt_cache *c, const kvt_key *key, uint32_t parts) {
   if (!pk) return;
   kvt__object_part_keys(c, key, 0, parts, pk);
   memo_drop(c, key);
+  spills_wait(c, pk, parts);
   kvt_remove(c, pk, parts, NULL);
   free(pk);
 }
