@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -91,17 +92,40 @@ int kvt__io_reap(kvt__io *io, kvt_io_cqe *cqes, uint32_t max, uint32_t min_wait,
   return n;
 }
 
+/* 1 when every mapping over [base, base + len) is private (anonymous
+ * memory, or a private copy of a file): /proc/self/maps' permissions. */
+static int all_private(const void *base, size_t len) {
+  FILE *f = fopen("/proc/self/maps", "re");
+  if (!f) return 0;
+  uintptr_t lo = (uintptr_t)base, hi = lo + len, covered = lo;
+  char line[512];
+  int ok = 1;
+  while (ok && covered < hi && fgets(line, sizeof line, f)) {
+    unsigned long long a, b;
+    char perms[8];
+    if (sscanf(line, "%llx-%llx %7s", &a, &b, perms) != 3) continue;
+    if (b <= covered || a >= hi) continue;
+    if (a > covered || perms[3] != 'p') ok = 0; /* a hole, or shared */
+    covered = (uintptr_t)b;
+  }
+  fclose(f);
+  return ok && covered >= hi;
+}
+
 /* The backend pins a fixed buffer's pages holding its submission lock
  * (and the kernel its ring's), so no I/O of the cache is submitted
  * meanwhile; for pages never touched, faulting them in is most of that
  * time (2 GiB: 0.6-4.6 s, every disk I/O of the cache stalled behind it).
  * They are faulted in here first, with no lock held, as the pinning would
  * (writable, contents unchanged); the pinning then finds them present.
- * Best effort: a kernel without MADV_POPULATE_WRITE (before 5.14) or a
- * region it cannot populate is left to the registration, as before. */
+ * Private memory only: populating a shared mapping writable would dirty
+ * its pages, and allocate a file's holes, even where the kernel then
+ * refuses to pin it (a file on disk). Best effort: a kernel without
+ * MADV_POPULATE_WRITE (before 5.14), shared memory or a region it cannot
+ * populate is left to the registration, as before. */
 static void prefault(void *base, size_t len) {
 #ifdef MADV_POPULATE_WRITE
-  (void)madvise(base, len, MADV_POPULATE_WRITE);
+  if (all_private(base, len)) (void)madvise(base, len, MADV_POPULATE_WRITE);
 #else
   (void)base, (void)len;
 #endif
