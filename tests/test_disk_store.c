@@ -1279,15 +1279,18 @@ static void pieces_scatter(fx *f, pieces *p, char *rec, int into_rec) {
   assert_int_equal(off, f->rec_bytes);
 }
 
-static int pieces_io(fx *f, pieces *p, int write, uint32_t slot, uint64_t seed) {
+/* The record in the first n_iov pieces, written or read (zero_tail: a read
+ * in part) as one I/O; its status or done()'s. */
+static int pieces_part_io(fx *f, pieces *p, int write, uint32_t slot, uint64_t seed, uint32_t n_iov, int zero_tail) {
   waiter *w = waiter_new();
   kvt_key k = key_of(seed);
   g_ws[0] = (wslot){w, 0};
-  kvt__disk_io io = {.slot = slot, .expected_key = &k, .arg = &g_ws[0], .iov = p->iov, .n_iov = p->n_iov};
+  kvt__disk_io io = {.slot = slot, .expected_key = &k, .arg = &g_ws[0], .iov = p->iov, .n_iov = n_iov,
+                     .zero_tail = zero_tail};
   start(w, 0, 0);
   int rc = write ? kvt__disk_write_batch(f->d, &io, 1, on_done) : kvt__disk_read_batch(f->d, &io, 1, on_done);
   assert_int_equal(rc, io.status ? 0 : 1);
-  if (io.status) { /* not queued: no done() */
+  if (io.status) {
     pthread_mutex_lock(&w->m);
     w->pending--;
     pthread_mutex_unlock(&w->m);
@@ -1296,6 +1299,10 @@ static int pieces_io(fx *f, pieces *p, int write, uint32_t slot, uint64_t seed) 
   rc = io.status ? io.status : w->status[0];
   free(w);
   return rc;
+}
+
+static int pieces_io(fx *f, pieces *p, int write, uint32_t slot, uint64_t seed) {
+  return pieces_part_io(f, p, write, slot, seed, p->n_iov, 0);
 }
 
 static int pieces_write(fx *f, pieces *p, uint32_t slot, uint64_t seed) {
@@ -1434,27 +1441,6 @@ static void test_verify_later_reads_of_big_records(void **state) {
   fx *f = *state;
   reopen_big(f, 2, 0);
   later_case(f);
-}
-
-/* pieces_io with the first n_iov pieces only, zero_tail as given. */
-static int pieces_part_io(fx *f, pieces *p, int write, uint32_t slot, uint64_t seed, uint32_t n_iov, int zero_tail) {
-  waiter *w = waiter_new();
-  kvt_key k = key_of(seed);
-  g_ws[0] = (wslot){w, 0};
-  kvt__disk_io io = {.slot = slot, .expected_key = &k, .arg = &g_ws[0], .iov = p->iov, .n_iov = n_iov,
-                     .zero_tail = zero_tail};
-  start(w, 0, 0);
-  int rc = write ? kvt__disk_write_batch(f->d, &io, 1, on_done) : kvt__disk_read_batch(f->d, &io, 1, on_done);
-  assert_int_equal(rc, io.status ? 0 : 1);
-  if (io.status) {
-    pthread_mutex_lock(&w->m);
-    w->pending--;
-    pthread_mutex_unlock(&w->m);
-  }
-  waiter_wait(w);
-  rc = io.status ? io.status : w->status[0];
-  free(w);
-  return rc;
 }
 
 /* A read in part (zero_tail): the prefix and the payload's first pages

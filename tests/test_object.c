@@ -201,20 +201,23 @@ static void a_second_put_is_kept_and_remove_forgets(void **s) {
   kvt_close(c);
 }
 
-static void flip_every_payload(uint64_t slots) {
+/* One byte at offset `at` of every slot's payload flipped. */
+static void flip_payload_at(uint64_t slots, size_t at) {
   size_t rec = kvt__record_bytes(BT, BLOCK);
   int fd = open(path, O_RDWR);
   assert_true(fd >= 0);
   for (uint64_t slot = 0; slot < slots; slot++) {
-    off_t at = 4096 + (off_t)slot * (off_t)rec + (off_t)kvt__record_prefix_bytes(BT) + 100;
+    off_t o = 4096 + (off_t)slot * (off_t)rec + (off_t)kvt__record_prefix_bytes(BT) + (off_t)at;
     char b;
-    assert_int_equal(pread(fd, &b, 1, at), 1);
-    b ^= 0x5a;
-    assert_int_equal(pwrite(fd, &b, 1, at), 1);
+    assert_int_equal(pread(fd, &b, 1, o), 1);
+    b ^= 0x21;
+    assert_int_equal(pwrite(fd, &b, 1, o), 1);
   }
   fsync(fd);
   close(fd);
 }
+
+static void flip_every_payload(uint64_t slots) { flip_payload_at(slots, 100); }
 
 static void a_corrupted_part_is_a_miss(void **s) {
   (void)s;
@@ -429,22 +432,6 @@ static int count_moved(void *ctx, int site, int64_t arg) {
   (void)ctx;
   if (site == KVT_FAULT_IO_COMPLETE && arg > 0) atomic_fetch_add(&moved, (uint64_t)arg);
   return 0;
-}
-
-/* One byte at offset `at` of every slot's payload flipped. */
-static void flip_payload_at(uint64_t slots, size_t at) {
-  size_t rec = kvt__record_bytes(BT, BLOCK);
-  int fd = open(path, O_RDWR);
-  assert_true(fd >= 0);
-  for (uint64_t slot = 0; slot < slots; slot++) {
-    off_t o = 4096 + (off_t)slot * (off_t)rec + (off_t)kvt__record_prefix_bytes(BT) + (off_t)at;
-    char b;
-    assert_int_equal(pread(fd, &b, 1, o), 1);
-    b ^= 0x21;
-    assert_int_equal(pwrite(fd, &b, 1, o), 1);
-  }
-  fsync(fd);
-  close(fd);
 }
 
 /* A get from disk reads an object's last part only up to the object's

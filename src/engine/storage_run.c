@@ -165,39 +165,15 @@ static void stage_done(void *arg, int status) {
  * its checksums checked, and its first bytes given to block i's pieces
  * when it passes (the caller then finds the object is not the one it
  * asked for), so a sound record is never taken for a damaged one. */
-typedef struct whole_wait {
-  pthread_mutex_t lock;
-  pthread_cond_t cond;
-  int done, status;
-} whole_wait;
-
-static void whole_done(void *arg, int status) {
-  whole_wait *ww = arg;
-  pthread_mutex_lock(&ww->lock);
-  ww->status = status;
-  ww->done = 1;
-  pthread_cond_signal(&ww->cond);
-  pthread_mutex_unlock(&ww->lock);
-}
-
 static int reread_whole(kvt_cache *c, kvt__sjob *jb, uint32_t i) {
   void *rec = NULL;
   if (posix_memalign(&rec, KVT_RECORD_ALIGN, c->record_bytes)) return -ENOMEM;
   pthread_mutex_lock(&c->lock);
   uint32_t slot = kvt__E(c, jb->blocks[i].entry)->slot[KVT__T_DISK]; /* pinned */
   pthread_mutex_unlock(&c->lock);
-  whole_wait ww = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
   int rc;
-  while ((rc = kvt__disk_read(c->disk, slot, rec, &jb->keys[i], whole_done, &ww)) == KVT_EBUSY) usleep(20);
-  if (rc == 0) {
-    pthread_mutex_lock(&ww.lock);
-    while (!ww.done) pthread_cond_wait(&ww.cond, &ww.lock);
-    pthread_mutex_unlock(&ww.lock);
-    rc = ww.status;
-  }
+  while ((rc = kvt__disk_read_sync(c->disk, slot, rec, &jb->keys[i])) == KVT_EBUSY) usleep(20);
   if (rc == 0) rc = copy_pieces(jb, i, kvt__record_payload(rec, c->bt), 1);
-  pthread_mutex_destroy(&ww.lock);
-  pthread_cond_destroy(&ww.cond);
   free(rec);
   return rc;
 }

@@ -719,16 +719,27 @@ static void sync_done(void *arg, int status) {
   pthread_mutex_unlock(&w->lock);
 }
 
+/* Waits for the done() of an operation rc says was queued (0). */
+static int sync_finish(sync_wait *w, int rc) {
+  if (rc == 0) {
+    pthread_mutex_lock(&w->lock);
+    while (!w->done) pthread_cond_wait(&w->cond, &w->lock);
+    pthread_mutex_unlock(&w->lock);
+    rc = w->status;
+  }
+  pthread_mutex_destroy(&w->lock);
+  pthread_cond_destroy(&w->cond);
+  return rc;
+}
+
 int kvt__disk_invalidate(kvt__disk *d, uint64_t slot) {
   sync_wait w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
-  int rc = kvt__disk_invalidate_async(d, slot, sync_done, &w);
-  if (rc) return rc;
-  pthread_mutex_lock(&w.lock);
-  while (!w.done) pthread_cond_wait(&w.cond, &w.lock);
-  pthread_mutex_unlock(&w.lock);
-  pthread_mutex_destroy(&w.lock);
-  pthread_cond_destroy(&w.cond);
-  return w.status;
+  return sync_finish(&w, kvt__disk_invalidate_async(d, slot, sync_done, &w));
+}
+
+int kvt__disk_read_sync(kvt__disk *d, uint64_t slot, void *rec, const kvt_key *expected_key) {
+  sync_wait w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+  return sync_finish(&w, kvt__disk_read(d, slot, rec, expected_key, sync_done, &w));
 }
 
 static int seq_order(const void *a, const void *b) {

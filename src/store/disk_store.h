@@ -124,6 +124,8 @@ int kvt__disk_write(kvt__disk *d, uint64_t slot, void *rec, kvt__disk_done_fn do
  * expected_key (NULL: any key) and the checksums. Returns as kvt__disk_write. */
 int kvt__disk_read(kvt__disk *d, uint64_t slot, void *rec, const kvt_key *expected_key,
                    kvt__disk_done_fn done, void *arg);
+/* The same, waited for: 0 or the read's (or the call's) error. */
+int kvt__disk_read_sync(kvt__disk *d, uint64_t slot, void *rec, const kvt_key *expected_key);
 /* Batches: one submission to the backend per up to 64 records. Each
  * ios[i].status receives 0 (queued: done(ios[i].arg, status) follows) or
  * the code a single call would have returned (not queued, no done()).

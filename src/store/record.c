@@ -104,8 +104,11 @@ int kvt__record_check(const void *buf, size_t len, const kvt_key *ns, uint32_t b
 
 /* XXH3_64 of the first `bytes` of iov[0..n): the same value as the one-shot
  * hash of those bytes laid end to end (XXH3's streaming and one-shot forms
- * agree), so a record's payload sum does not depend on how it was split. */
-static uint64_t pieces_hash(const struct iovec *iov, uint32_t n, uint64_t bytes) {
+ * agree), so a record's payload sum does not depend on how it was split.
+ * With zero_tail, the bytes past iov[0..n) count as zeros (a record read in
+ * part: its writer left them zero). */
+static uint64_t pieces_hash(const struct iovec *iov, uint32_t n, uint64_t bytes, int zero_tail) {
+  static const unsigned char zeros[16384];
   if (n >= 1 && iov[0].iov_len >= bytes) return payload_hash(iov[0].iov_base, bytes);
   XXH3_state_t st;
   XXH3_64bits_reset(&st);
@@ -114,21 +117,7 @@ static uint64_t pieces_hash(const struct iovec *iov, uint32_t n, uint64_t bytes)
     payload_hash_update(&st, iov[i].iov_base, k);
     bytes -= k;
   }
-  return XXH3_64bits_digest(&st);
-}
-
-/* The same with the payload's last bytes past iov[0..n) taken as zeros
- * (a record read in part: its writer left them zero). */
-static uint64_t pieces_hash_zero_tail(const struct iovec *iov, uint32_t n, uint64_t bytes) {
-  static const unsigned char zeros[16384];
-  XXH3_state_t st;
-  XXH3_64bits_reset(&st);
-  for (uint32_t i = 0; i < n && bytes; i++) {
-    size_t k = iov[i].iov_len < bytes ? iov[i].iov_len : bytes;
-    payload_hash_update(&st, iov[i].iov_base, k);
-    bytes -= k;
-  }
-  for (; bytes; ) {
+  while (zero_tail && bytes) {
     size_t k = bytes < sizeof zeros ? (size_t)bytes : sizeof zeros;
     payload_hash_update(&st, zeros, k);
     bytes -= k;
@@ -158,7 +147,7 @@ int kvt__record_seal_iov(const struct iovec *iov, uint32_t n, const kvt_key *ns,
   h->payload_len = payload_bytes;
   h->seq = seq;
   h->tokens_sum = XXH3_64bits(kvt__record_tokens(h), (size_t)h->token_count * 4u);
-  h->payload_sum = pieces_hash(iov + 1, n - 1, payload_bytes);
+  h->payload_sum = pieces_hash(iov + 1, n - 1, payload_bytes, 0);
   h->hdr_sum = kvt__record_hdr_sum(h);
   memset(h->reserved, 0, sizeof h->reserved);
   return 0;
@@ -171,9 +160,7 @@ int kvt__record_check_iov(const struct iovec *iov, uint32_t n, const kvt_key *ns
   kvt__record_hdr h;
   int rc = kvt__record_check(iov[0].iov_base, iov[0].iov_len, ns, block_tokens, payload_bytes, expected_key, 0, &h);
   if (rc) return rc;
-  uint64_t sum = zero_tail ? pieces_hash_zero_tail(iov + 1, n - 1, payload_bytes)
-                           : pieces_hash(iov + 1, n - 1, payload_bytes);
-  if (sum != h.payload_sum) return KVT_ECORRUPT;
+  if (pieces_hash(iov + 1, n - 1, payload_bytes, zero_tail) != h.payload_sum) return KVT_ECORRUPT;
   if (out) *out = h;
   return 0;
 }
