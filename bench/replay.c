@@ -54,6 +54,9 @@ static void usage(FILE *f) {
           "                        with its own LRU) and kvtier is the host and disk tiers\n"
           "                        below it (exists, get-into, put-from per request; real\n"
           "                        payload); both: each in turn, hit ratios side by side\n"
+          "  --no-promote          storage mode: disk hits go to the engine's pages only\n"
+          "                        (kvt_get_into without KVT_GET_PROMOTE; by default they\n"
+          "                        also land in kvtier's host tier, as owner mode's do)\n"
           "  --whole-ids           count a trace's partial last id as a block (as the trace's\n"
           "                        published LRU figures do); default: full blocks only\n"
           "  --metrics-out FILE    at the end, the engine's metrics in Prometheus text format\n"
@@ -99,6 +102,8 @@ static int parse(int argc, char **argv, replay_cli *o) {
       o->ro.write_through = 1;
     } else if (!strcmp(a, "--whole-ids")) {
       o->ro.whole_ids = 1;
+    } else if (!strcmp(a, "--no-promote")) {
+      o->ro.storage_no_promote = 1;
     } else if (kvt_bench_hw_flag(a)) {
       if (kvt_bench_hw_option("replay", a, kvt_bench_hw_flag(a) == 2 ? (i++, v) : NULL, &o->ro.hw)) return 2;
     } else if (!v) {
@@ -171,6 +176,7 @@ static void print_json(const kvt_bench_trace *t, const replay_cli *o, const kvt_
   const kvt_stats *st = &r->st;
   uint64_t mb = r->model_block_bytes;
   printf("{\"mode\":\"%s\",", o->ro.storage_mode ? "storage" : "owner");
+  if (o->ro.storage_mode) printf("\"promote\":%s,", o->ro.storage_no_promote ? "false" : "true");
   printf("\"source\":\"%s\",\"model\":\"%s\",\"block_tokens\":%u,\"payload\":\"%s\",\"payload_scale\":%u,"
          "\"restore\":\"%s\",\"whole_ids\":%d,",
          t->source, o->ro.model, t->block_tokens, o->ro.payload_real ? "real" : "none", r->payload_scale,
@@ -260,7 +266,10 @@ static void print_human(const kvt_bench_trace *t, const replay_cli *o, const kvt
   uint64_t caps[3] = {o->ro.device_blocks, o->ro.host_blocks, o->ro.disk_blocks};
   for (int i = 0; i < 3; i++) human_bytes(tier[i], sizeof tier[i], (double)caps[i] * (double)mb);
   int dev_base = o->ro.device_blocks && !o->ro.storage_mode; /* storage mode runs no device-only baseline */
-  printf("kvtier replay%s: %s\n", o->ro.storage_mode ? " (storage mode: the engine owns the device pool)" : "",
+  printf("kvtier replay%s: %s\n",
+         !o->ro.storage_mode         ? ""
+         : o->ro.storage_no_promote ? " (storage mode: the engine owns the device pool; disk hits not promoted)"
+                                     : " (storage mode: the engine owns the device pool)",
          t->source);
   printf("  model %s, %u tokens/block = %s of KV per block; payload %s", o->ro.model, t->block_tokens, bb,
          o->ro.payload_real ? "real" : "none (metadata only)");

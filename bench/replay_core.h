@@ -73,6 +73,8 @@ typedef struct kvt_bench_replay_opts {
   int storage_mode;         /* drive storage mode instead (bench/replay_storage.c): the engine
                                owns its device pool, kvtier is the host and disk tiers; real
                                payload always, no device-only baseline */
+  int storage_no_promote;   /* storage mode: plain gets (no KVT_GET_PROMOTE): disk hits are
+                               read into the engine's pages only, not also into the host tier */
   kvt_hw_desc hw;           /* the hardware the cost model assumes (kvt_hw_init) */
   const char *metrics_out;  /* at the end, the engine's kvt_metrics_write text here (NULL: none);
                                JSON when the name ends in ".json", else Prometheus text */

@@ -10,8 +10,11 @@
  *    (kvt_put_from: owner mode demotes device victims to the host the same
  *    way, and a key kvtier holds is not written again);
  *  - kvt_get_into loads the restored blocks not on pages (the planner's k,
- *    the whole prefix, or none); every other block is "computed" (stamped);
- *  - the request's pages are touched last to first; at capacity 0 its
+ *    the whole prefix, or none), with KVT_GET_PROMOTE: a disk hit also lands
+ *    in kvtier's host tier, as owner mode stages a disk hit through a host
+ *    slot (--no-promote: plain gets); every other block is "computed" (stamped);
+ *  - the request's pages are touched last to first, and so are kvtier's
+ *    copies of its blocks (kvt_touch, as owner mode's release); at capacity 0 its
  *    blocks are put into kvtier and the pages freed (owner mode's
  *    kvt_store(KVT_STORE_EVICT)).
  * Blocks are real bytes (storage mode has no metadata-only layout), scaled
@@ -137,7 +140,7 @@ static int stamp_ok(const sengine *e, uint32_t p, const kvt_key *k) {
 
 /* Puts (get = 0) or gets n blocks of batch_keys / batch_pages; per-block
  * results land in e->results. Returns 0 or an error with err set. */
-static int batch(sengine *e, uint32_t n, int get, char *err, size_t len) {
+static int batch(sengine *e, uint32_t n, int get, uint32_t flags, char *err, size_t len) {
   if (n == 0) return 0;
   for (uint32_t i = 0; i < n; i++)
     e->pieces[i] = (kvt_piece){.ptr = page_bytes(e, e->batch_pages[i]), .len = e->block_bytes};
@@ -146,7 +149,7 @@ static int batch(sengine *e, uint32_t n, int get, char *err, size_t len) {
   b.n_blocks = n;
   b.keys = e->batch_keys;
   b.pieces = e->pieces;
-  b.flags = KVT_KEYS_OPAQUE;
+  b.flags = KVT_KEYS_OPAQUE | flags;
   kvt_job job = 0;
   int rc = get ? kvt_get_into(e->c, &b, &job) : kvt_put_from(e->c, &b, &job);
   if (rc != 1) return skvt(err, len, get ? "kvt_get_into" : "kvt_put_from", rc);
@@ -301,7 +304,7 @@ static int take_pages(sengine *e, uint32_t n, char *err, size_t len) {
     e->batch_pages[nv++] = p;
   }
   if (e->n_free + nv < need) return serr(err, len, "engine pool: no room for a request");
-  int rc = batch(e, nv, 0, err, len);
+  int rc = batch(e, nv, 0, 0, err, len);
   if (rc) return rc;
   for (uint32_t v = 0; v < nv; v++) page_drop(e, e->batch_pages[v]);
   for (uint32_t i = 0; i < n; i++)
@@ -337,7 +340,7 @@ static int sstep_run(sengine *e, const kvt_bench_trace *t, const kvt_bench_req *
     e->batch_keys[nb] = e->keys[i];
     e->batch_pages[nb++] = e->page_of[i];
   }
-  if ((rc = batch(e, nb, 1, err, len)) != 0) return rc;
+  if ((rc = batch(e, nb, 1, o->storage_no_promote ? 0 : KVT_GET_PROMOTE, err, len)) != 0) return rc;
   for (uint32_t i = 0, b = 0; i < n; i++) {
     uint32_t p = e->page_of[i];
     int kept = 0;
@@ -364,12 +367,15 @@ static int sstep_run(sengine *e, const kvt_bench_trace *t, const kvt_bench_req *
     if (e->pages[p].prev != NONE || e->lru_head == p) lru_unlink(e, p);
     lru_push_head(e, p);
   }
+  /* The request's blocks kvtier holds become its most recent, as owner
+   * mode's kvt_release makes them (those served by pages included). */
+  if ((rc = kvt_touch(e->c, NULL, e->keys, n, KVT_KEYS_OPAQUE, NULL)) != 0) return skvt(err, len, "kvt_touch", rc);
   if (!e->offload_after) return 0;
   for (uint32_t i = 0; i < n; i++) {
     e->batch_keys[i] = e->keys[i];
     e->batch_pages[i] = e->page_of[i];
   }
-  if ((rc = batch(e, n, 0, err, len)) != 0) return rc;
+  if ((rc = batch(e, n, 0, 0, err, len)) != 0) return rc;
   for (uint32_t i = 0; i < n; i++) page_drop(e, e->page_of[i]);
   return 0;
 }

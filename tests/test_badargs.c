@@ -1081,6 +1081,7 @@ static void storage_mode_calls_bad_args(void **state) {
   assert_int_equal(kvt_register_memory(NULL, k, 8, KVT_MEM_HOST, &reg), -EINVAL);
   assert_int_equal(kvt_unregister_memory(NULL, 1), -EINVAL);
   assert_int_equal(kvt_exists(NULL, NULL, k, 2, 0, &lr, NULL), -EINVAL);
+  assert_int_equal(kvt_touch(NULL, NULL, k, 2, 0, &n), -EINVAL);
   assert_int_equal(kvt_put_from(NULL, &b, &job), -EINVAL);
   assert_int_equal(kvt_get_into(NULL, &b, &job), -EINVAL);
   assert_int_equal(kvt_remove(NULL, k, 2, &n), -EINVAL);
@@ -1098,6 +1099,9 @@ static void storage_mode_calls_bad_args(void **state) {
   assert_int_equal(kvt_storage_collect(f.c, &job, st, 1, &n), KVT_ESTATE);
   assert_int_equal(kvt_remove(f.c, k, 2, &n), KVT_ESTATE);
   assert_int_equal(kvt_exists(f.c, NULL, k, 2, 0, &lr, NULL), 0); /* exists serves both modes */
+  n = 99;
+  assert_int_equal(kvt_touch(f.c, NULL, k, 2, 0, &n), 0); /* and so does touch */
+  assert_int_equal(n, 0);
   fixture_close(&f);
   /* A storage-mode cache. */
   kvt_config cfg;
@@ -1108,6 +1112,7 @@ static void storage_mode_calls_bad_args(void **state) {
   assert_int_equal(kvt_open(&cfg, &c), 0);
   assert_int_equal(kvt_put_from(c, &b, &job), KVT_ELAYOUT);
   assert_int_equal(kvt_exists(c, NULL, k, 2, 0, &lr, NULL), KVT_ELAYOUT);
+  assert_int_equal(kvt_touch(c, NULL, k, 2, 0, NULL), KVT_ELAYOUT);
   kvt_segment seg = {NULL, 0, 4096};
   kvt_layout l;
   kvt_layout_init(&l);
@@ -1178,10 +1183,18 @@ static void storage_mode_calls_bad_args(void **state) {
   p[1].reserved = 0;
   /* Exists. */
   assert_int_equal(kvt_exists(c, NULL, NULL, 2, 0, &lr, NULL), -EINVAL);
+  assert_int_equal(kvt_touch(c, NULL, NULL, 2, 0, NULL), -EINVAL);
+  assert_int_equal(kvt_touch(c, NULL, k, 2, 0x80, NULL), -EINVAL); /* unknown flag */
+  assert_int_equal(kvt_touch(c, NULL, k, 2, KVT_GET_PROMOTE, NULL), -EINVAL);
+  assert_int_equal(kvt_touch(c, NULL, NULL, 0, 0, NULL), 0);
   assert_int_equal(kvt_exists(c, NULL, k, 2, 0, NULL, NULL), -EINVAL);
   assert_int_equal(kvt_exists(c, NULL, k, 2, 0x80, &lr, NULL), -EINVAL); /* unknown flag */
   b.flags = 0x80;
   assert_int_equal(kvt_put_from(c, &b, &job), -EINVAL);
+  assert_int_equal(kvt_get_into(c, &b, &job), -EINVAL);
+  b.flags = KVT_GET_PROMOTE; /* a get's flag only */
+  assert_int_equal(kvt_put_from(c, &b, &job), -EINVAL);
+  assert_int_equal(kvt_exists(c, NULL, k, 2, KVT_GET_PROMOTE, &lr, NULL), -EINVAL);
   b.flags = 0;
   lr.size = 4;
   assert_int_equal(kvt_exists(c, NULL, k, 2, 0, &lr, NULL), KVT_EVERSION);

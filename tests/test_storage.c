@@ -531,6 +531,41 @@ static void a_get_leaves_ancestors_more_recent_than_tails(void **s) {
   sfix_close(&f);
 }
 
+/* kvt_touch makes the blocks held the most recent, last key first: with a
+ * full host tier and no disk, the next put evicts an untouched block
+ * instead. Chained keys touch the cached prefix only; opaque keys, every
+ * key held. */
+static void touch_makes_held_blocks_the_most_recent(void **s) {
+  (void)s;
+  sfix f;
+  sfix_open(&f, 4, 0, 1);
+  int32_t res[NB];
+  uint32_t ok = 0;
+  fill_blocks(&f, 5, 8);
+  assert_int_equal(do_batch(&f, 0, 0, 4, 0, NULL, 0, res, &ok), 0); /* block 0 least recent */
+  size_t n = 99;
+  assert_int_equal(kvt_touch(f.c, NULL, f.keys, 2, 0, &n), 0);
+  assert_int_equal(n, 2);
+  assert_int_equal(do_batch(&f, 0, 4, 1, 0, NULL, 0, res, &ok), 0); /* evicts block 2 */
+  kvt_lookup_result one = {.size = sizeof one};
+  assert_int_equal(exists(&f, 5).n_prefix, 2);
+  assert_int_equal(kvt_exists(f.c, &f.keys[2], &f.keys[3], 2, 0, &one, NULL), 0);
+  assert_int_equal(one.n_prefix, 2); /* blocks 3 and 4 stayed */
+  /* Chained: the prefix ends at block 2 (gone). Opaque: each key alone. */
+  assert_int_equal(kvt_touch(f.c, NULL, f.keys, 5, 0, &n), 0);
+  assert_int_equal(n, 2);
+  kvt_key some[3] = {f.keys[3], f.keys[2], f.keys[4]};
+  assert_int_equal(kvt_touch(f.c, NULL, some, 3, KVT_KEYS_OPAQUE, &n), 0);
+  assert_int_equal(n, 2);
+  /* Now 0 and 1 are the least recent (touched before 3 and 4). */
+  fill_blocks(&f, 8, 8);
+  assert_int_equal(do_batch(&f, 0, 5, 2, 0, NULL, 0, res, &ok), 0);
+  assert_int_equal(exists(&f, 2).n_prefix, 0);
+  assert_int_equal(kvt_exists(f.c, &f.keys[2], &f.keys[3], 2, 0, &one, NULL), 0);
+  assert_int_equal(one.n_prefix, 2);
+  sfix_close(&f);
+}
+
 /* kvt_drain waits for storage jobs too: blocks put are in their tier when
  * it returns, before the engine has waited for the job itself. */
 static void drain_waits_for_storage_jobs(void **s) {
@@ -1148,6 +1183,183 @@ static void straight_checksum_failures_fail_their_blocks(void **s) {
   sfix_close(&f);
 }
 
+/* ---- KVT_GET_PROMOTE ---- */
+
+/* A get or put of blocks [first, first + n) with flags: the pool's aligned
+ * places (straight) or the unaligned pool of sfix (staged). */
+static int pro_batch(sfix *f, pool *p, int get, uint32_t first, uint32_t n, uint32_t flags, const uint32_t *tokens,
+                     int32_t *res, uint32_t *ok) {
+  kvt_piece pc[NB];
+  for (uint32_t b = 0; b < n; b++)
+    pc[b] = p ? (kvt_piece){.region = p->reg, .offset = piece_off(first + b, 0, 0), .len = BLOCK}
+              : (kvt_piece){.ptr = blk(f, first + b), .len = BLOCK};
+  kvt_batch bt;
+  kvt_batch_init(&bt);
+  bt.n_blocks = n;
+  bt.keys = &f->keys[first];
+  bt.parent = first ? &f->keys[first - 1] : NULL;
+  bt.tokens = tokens;
+  bt.pieces = pc;
+  bt.flags = flags;
+  kvt_job job = 0;
+  assert_int_equal(get ? kvt_get_into(f->c, &bt, &job) : kvt_put_from(f->c, &bt, &job), 1);
+  int st = kvt_storage_wait(f->c, job, -1);
+  assert_int_equal(kvt_storage_results(f->c, job, res, n, ok), 0);
+  assert_int_equal(kvt_storage_release(f->c, job), 0);
+  return st;
+}
+
+static int pro_match(sfix *f, pool *p, uint32_t b, uint64_t seed) {
+  return p ? pool_check(p, b, 0, seed) : kvt_test_check(blk(f, b), BLOCK, seed);
+}
+
+static void pro_clear(sfix *f, pool *p) {
+  if (p) memset(p->mem, 0, (size_t)NB * PLACE);
+  else memset(f->mem, 0, (size_t)NB * (BLOCK + 64) + 64);
+}
+
+/* Twelve blocks put through a host tier of 4: blocks 0-7 end on disk only. */
+static void pro_setup(sfix *f, pool *p, int straight) {
+  sfix_open(f, 4, 64, 1);
+  if (straight) pool_open(f, p);
+  for (uint32_t b = 0; b < NB; b++) {
+    if (straight) pool_fill(p, b, 0, 900 + b);
+    else kvt_test_fill(blk(f, b), BLOCK, 900 + b);
+  }
+  int32_t res[NB];
+  uint32_t ok = 0;
+  assert_int_equal(pro_batch(f, straight ? p : NULL, 0, 0, NB, 0, f->tokens, res, &ok), 0);
+  assert_int_equal(ok, NB);
+  kvt_drain(f->c);
+  uint8_t tiers[NB];
+  kvt_lookup_result r = {.size = sizeof r};
+  assert_int_equal(kvt_exists(f->c, NULL, f->keys, NB, 0, &r, tiers), 0);
+  assert_int_equal(r.n_prefix, NB);
+  for (uint32_t b = 0; b < NB - 4; b++) assert_int_equal(tiers[b], KVT_TIER_DISK);
+}
+
+static kvt_stats pro_stats(sfix *f) {
+  kvt_stats st = {.size = sizeof st};
+  assert_int_equal(kvt_get_stats(f->c, &st), 0);
+  return st;
+}
+
+/* Blocks a KVT_GET_PROMOTE get loads from disk also land in the host tier,
+ * as the most recent there (the host's least recent blocks spill to make
+ * room), with their tokens and bytes: the host copy serves the next get
+ * even once the disk record is damaged. A plain get leaves them on disk. */
+static void promoting_get(int straight) {
+  sfix f;
+  pool pl, *p = straight ? &pl : NULL;
+  pro_setup(&f, &pl, straight);
+  int32_t res[NB];
+  uint32_t ok = 0;
+  uint8_t tiers[NB];
+  kvt_lookup_result r = {.size = sizeof r};
+  pro_clear(&f, p);
+  assert_int_equal(pro_batch(&f, p, 1, 0, 3, 0, f.tokens, res, &ok), 0);
+  assert_int_equal(ok, 3);
+  assert_int_equal(kvt_exists(f.c, NULL, f.keys, 3, 0, &r, tiers), 0);
+  assert_int_equal(r.n_disk, 3); /* a plain get promotes nothing */
+  kvt_stats before = pro_stats(&f);
+  pro_clear(&f, p);
+  assert_int_equal(pro_batch(&f, p, 1, 0, 3, KVT_GET_PROMOTE, f.tokens, res, &ok), 0);
+  assert_int_equal(ok, 3);
+  for (uint32_t b = 0; b < 3; b++) assert_true(pro_match(&f, p, b, 900 + b));
+  kvt_stats after = pro_stats(&f);
+  assert_int_equal(after.blocks_disk2h - before.blocks_disk2h, 3);
+  assert_int_equal(after.storage_blocks_straight - before.storage_blocks_straight, straight ? 3 : 0);
+  assert_int_equal(after.resident_host, 4);
+  assert_int_equal(kvt_exists(f.c, NULL, f.keys, NB, 0, &r, tiers), 0);
+  assert_int_equal(r.n_prefix, NB); /* the host's victims went to disk */
+  assert_int_equal(r.n_host, 4);
+  for (uint32_t b = 0; b < 3; b++) assert_int_equal(tiers[b], KVT_TIER_HOST);
+  assert_int_equal(tiers[NB - 1], KVT_TIER_HOST); /* the most recent put stays */
+  /* The host copies serve: damaged disk records are not read. */
+  for (uint32_t b = 0; b < 3; b++) {
+    int sl = slot_of(&f.keys[b], 64);
+    assert_true(sl >= 0);
+    flip_payload_byte(sl, 1000);
+  }
+  pro_clear(&f, p);
+  before = pro_stats(&f);
+  assert_int_equal(pro_batch(&f, p, 1, 0, 3, KVT_GET_PROMOTE, f.tokens, res, &ok), 0);
+  assert_int_equal(ok, 3);
+  for (uint32_t b = 0; b < 3; b++) assert_true(pro_match(&f, p, b, 900 + b));
+  after = pro_stats(&f);
+  assert_int_equal(after.checksum_failures, before.checksum_failures);
+  assert_int_equal(after.blocks_disk2h, before.blocks_disk2h);
+  /* The host copy kept the block's tokens: other tokens are refused. */
+  uint32_t other[BT];
+  memcpy(other, f.tokens, sizeof other);
+  other[BT - 1] ^= 1;
+  assert_int_equal(pro_batch(&f, p, 1, 0, 1, 0, other, res, &ok), KVT_EMISMATCH);
+  if (p) pool_close(&f, p);
+  sfix_close(&f);
+}
+
+static void promoting_get_staged(void **s) { promoting_get(0); }
+static void promoting_get_straight(void **s) { promoting_get(1); }
+
+/* A promoting get whose reads fail: the blocks fail (and their records are
+ * dropped), and the host slots taken for them go back: a later promoting
+ * get fills the whole host tier. */
+static void promoting_get_io_errors_give_back_host_slots(void **s) {
+  for (int straight = 0; straight < 2; straight++) {
+    sfix f;
+    pool pl, *p = straight ? &pl : NULL;
+    pro_setup(&f, &pl, straight);
+    int32_t res[NB];
+    uint32_t ok = 0;
+    kvt__fault_set(fail_io, NULL);
+    assert_int_equal(pro_batch(&f, p, 1, 0, 4, KVT_GET_PROMOTE, f.tokens, res, &ok), -EIO);
+    kvt__fault_set(NULL, NULL);
+    for (int i = 0; i < 4; i++) assert_int_equal(res[i], -EIO);
+    kvt_stats st = pro_stats(&f);
+    assert_int_equal(st.resident_host, 0); /* made room for 4, none landed */
+    assert_int_equal(exists(&f, NB).n_prefix, 0);
+    pro_clear(&f, p);
+    assert_int_equal(pro_batch(&f, p, 1, 4, 4, KVT_GET_PROMOTE, &f.tokens[4 * BT], res, &ok), 0);
+    assert_int_equal(ok, 4);
+    for (uint32_t b = 4; b < 8; b++) assert_true(pro_match(&f, p, b, 900 + b));
+    st = pro_stats(&f);
+    assert_int_equal(st.resident_host, 4);
+    kvt_lookup_result r = {.size = sizeof r};
+    assert_int_equal(kvt_exists(f.c, &f.keys[3], &f.keys[4], 4, 0, &r, NULL), 0);
+    assert_int_equal(r.n_host, 4);
+    if (p) pool_close(&f, p);
+    sfix_close(&f);
+  }
+}
+
+/* KVT_GET_PROMOTE is a get's flag; a put refuses it. Without a host tier a
+ * get ignores it. */
+static void promote_is_a_get_flag(void **s) {
+  sfix f;
+  sfix_open(&f, 0, 64, 1);
+  fill_blocks(&f, 2, 3);
+  kvt_piece pc[2] = {{.ptr = blk(&f, 0), .len = BLOCK}, {.ptr = blk(&f, 1), .len = BLOCK}};
+  kvt_batch bt;
+  kvt_batch_init(&bt);
+  bt.n_blocks = 2;
+  bt.keys = f.keys;
+  bt.pieces = pc;
+  bt.flags = KVT_GET_PROMOTE;
+  kvt_job job = 0;
+  assert_int_equal(kvt_put_from(f.c, &bt, &job), -EINVAL);
+  bt.flags = 0x4;
+  assert_int_equal(kvt_get_into(f.c, &bt, &job), -EINVAL);
+  int32_t res[NB];
+  uint32_t ok = 0;
+  assert_int_equal(pro_batch(&f, NULL, 0, 0, 2, 0, NULL, res, &ok), 0);
+  memset(f.mem, 0, (size_t)NB * (BLOCK + 64) + 64);
+  assert_int_equal(pro_batch(&f, NULL, 1, 0, 2, KVT_GET_PROMOTE, NULL, res, &ok), 0);
+  assert_int_equal(ok, 2);
+  assert_true(blocks_match(&f, 0, 2, 3));
+  assert_int_equal(exists(&f, 2).n_disk, 2);
+  sfix_close(&f);
+}
+
 /* Blocks written straight are recovered after a reopen and read back
  * both ways. */
 static void straight_blocks_survive_a_reopen(void **s) {
@@ -1227,6 +1439,11 @@ static void plain_host_region_pages_may_be_replaced(void **s) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(round_trip_host_one_piece),
+      cmocka_unit_test(promoting_get_staged),
+      cmocka_unit_test(promoting_get_straight),
+      cmocka_unit_test(promoting_get_io_errors_give_back_host_slots),
+      cmocka_unit_test(promote_is_a_get_flag),
+      cmocka_unit_test(touch_makes_held_blocks_the_most_recent),
       cmocka_unit_test(round_trip_host_many_pieces),
       cmocka_unit_test(round_trip_disk_only_one_piece),
       cmocka_unit_test(round_trip_disk_only_many_pieces),

@@ -850,7 +850,7 @@ typedef struct kvt_batch {
   /* kvt_get_into: load at most this many leading blocks (the planner's k;
    * 0: the whole cached prefix). Ignored by kvt_put_from. */
   uint32_t max_blocks;
-  uint32_t flags;            /* KVT_KEYS_OPAQUE or 0 */
+  uint32_t flags;            /* KVT_KEYS_OPAQUE, KVT_GET_PROMOTE, or 0 */
 } kvt_batch;
 #define KVT_BATCH_SIZE_V1 (offsetof(kvt_batch, flags) + sizeof(uint32_t))
 
@@ -860,6 +860,18 @@ typedef struct kvt_batch {
  * vLLM's per-key lookup does. Without it, keys[i]'s parent must be keys[i-1]
  * as for kvt_hash_tokens chains. Puts and lookups of one key must agree. */
 #define KVT_KEYS_OPAQUE 0x1u
+/* kvt_get_into: the blocks it loads from disk also land in kvtier's host
+ * tier, as the most recent there, as owner mode's restores do (a disk hit
+ * goes through a host slot), so a conversation that returns again soon is
+ * served from RAM. For an engine whose own memory is the only tier above
+ * kvtier; an engine with its own host tier above kvtier (vLLM's CPU tier)
+ * leaves it off, or each block would be held twice. It costs one copy of
+ * each such block in memory and, when the host tier is full, its least
+ * recent blocks (spilled first where the disk has no copy, which the job
+ * waits for). Best effort: a block is loaded all the same, unpromoted,
+ * when no host slot can be had (host blocks all in use, no host tier);
+ * blocks from the remote tier are not promoted. -EINVAL on kvt_put_from. */
+#define KVT_GET_PROMOTE 0x2u
 
 KVT_API void kvt_batch_init(kvt_batch *b);
 
@@ -874,6 +886,20 @@ KVT_API void kvt_batch_init(kvt_batch *b);
  * trip; they count as KVT_TIER_REMOTE, n_remote). */
 KVT_API int kvt_exists(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, size_t n, uint32_t flags,
                        kvt_lookup_result *res, uint8_t *tier_of_block);
+
+/* Marks the blocks of keys[0..n) that kvtier holds as the most recent in
+ * every tier holding them, last key first (ancestors end more recent than
+ * their tails), as owner mode's kvt_release does for a request's blocks.
+ * For an engine whose own memory served a request's blocks (a hit on its
+ * pages): without it, kvtier's copies of a conversation in use age as if
+ * idle and are the next victims (vLLM's OffloadingManager.touch). Chained
+ * keys (after *parent, NULL: the namespace): the cached prefix, as
+ * kvt_exists finds it; KVT_KEYS_OPAQUE: every key held. Blocks still being
+ * stored are not touched. *n_touched (may be NULL) receives how many were.
+ * Returns 0, -EINVAL, KVT_ELAYOUT, KVT_EFORKED. Does not block on I/O
+ * (takes the metadata lock); no remote round trip. */
+KVT_API int kvt_touch(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, size_t n, uint32_t flags,
+                      size_t *n_touched);
 
 /* Put-from: copies the batch's blocks from the engine's memory into the host
  * tier (or, with no host tier, to disk). A key already stored, or being

@@ -34,7 +34,7 @@ __all__ = [
     "model_preset_names", "cost_plan", "cost_breakeven", "cost_recompute_flops",
     "cost_compute_s", "cost_transfer_s", "keys_to_bytes",
     "LIBRARY_PATH", "LogLevel", "OK", "INPROGRESS", "STORE_EVICT", "ACQUIRE_NOWAIT",
-    "LAYOUT_METADATA_ONLY", "MAP_BYTES_PER_BLOCK", "LAYOUT_STORAGE", "KEYS_OPAQUE", "MEM_HOST", "MEM_DEVICE", "MEM_HOST_FIXED",
+    "LAYOUT_METADATA_ONLY", "MAP_BYTES_PER_BLOCK", "LAYOUT_STORAGE", "KEYS_OPAQUE", "GET_PROMOTE", "MEM_HOST", "MEM_DEVICE", "MEM_HOST_FIXED",
     "REGION_NONE", "PIECE_DTYPE", "StorageJob", "LookupResult", "pieces",
 ] + list(_ERRORS)
 
@@ -46,6 +46,7 @@ LAYOUT_METADATA_ONLY = 0x1
 MAP_BYTES_PER_BLOCK = 100
 LAYOUT_STORAGE = 0x2
 KEYS_OPAQUE = 0x1
+GET_PROMOTE = 0x2
 MEM_HOST = 0
 MEM_DEVICE = 1
 MEM_HOST_FIXED = 2  # pinned for io_uring fixed buffers: its pages must stay put while registered
@@ -1153,6 +1154,18 @@ class Cache:
         _check(self._call(lib.kvt_exists, pp, kp, n, KEYS_OPAQUE if opaque else 0, res, tp), "kvt_exists")
         return LookupResult(res.n_blocks, res.n_prefix, res.n_device, res.n_host, res.n_disk, tob)
 
+    def touch(self, keys, parent=None, opaque=False):
+        """Marks the blocks of keys that kvtier holds as the most recent in
+        each tier holding them, last key first (kvt_touch), as owner mode's
+        release does: for blocks the engine served from its own memory.
+        Chained keys: the cached prefix; opaque=True: every key held.
+        Returns how many were touched. Never waits on I/O."""
+        kp, n, karr = _as_keys(keys)
+        pp, parr = self._parent(parent)
+        out = ffi.new("size_t *")
+        _check(self._call(lib.kvt_touch, pp, kp, n, KEYS_OPAQUE if opaque else 0, out), "kvt_touch")
+        return out[0]
+
     def _parent(self, parent):
         if parent is None:
             return ffi.NULL, None
@@ -1161,7 +1174,7 @@ class Cache:
             raise ValueError("parent: one key expected")
         return pp, parr
 
-    def _batch(self, kind, keys, pieces, parent, tokens, opaque, max_blocks):
+    def _batch(self, kind, keys, pieces, parent, tokens, opaque, max_blocks, promote=False):
         kp, n, karr = _as_keys(keys)
         pcs, n_pieces, owners = _as_pieces(pieces, writable=(kind == "get"))
         if n == 0:
@@ -1175,7 +1188,7 @@ class Cache:
         lib.kvt_batch_init(b)
         b.n_blocks, b.keys, b.parent, b.tokens = n, kp, pp, tp
         b.pieces, b.pieces_per_block = pcs, n_pieces // n
-        b.max_blocks, b.flags = max_blocks, KEYS_OPAQUE if opaque else 0
+        b.max_blocks, b.flags = max_blocks, (KEYS_OPAQUE if opaque else 0) | (GET_PROMOTE if promote else 0)
         job = ffi.new("kvt_job *")
         call = "kvt_put_from" if kind == "put" else "kvt_get_into"
         _check(self._call(lib.kvt_put_from if kind == "put" else lib.kvt_get_into, b, job), call)
@@ -1194,12 +1207,14 @@ class Cache:
         KvtError EAGAIN: every job slot is busy (collect and release some)."""
         return self._batch("put", keys, pieces, parent, tokens, opaque, 0)
 
-    def get_into(self, keys, pieces, parent=None, tokens=None, opaque=False, max_blocks=0):
+    def get_into(self, keys, pieces, parent=None, tokens=None, opaque=False, max_blocks=0, promote=False):
         """Loads the longest cached prefix of keys (at most max_blocks; 0: all)
         into the engine's memory (kvt_get_into); returns a StorageJob at once.
         Per-block results: 0 landed, 1 not loaded, negative: that block's error
-        (compute it). tokens: verified against the stored ones."""
-        return self._batch("get", keys, pieces, parent, tokens, opaque, max_blocks)
+        (compute it). tokens: verified against the stored ones. promote=True
+        (KVT_GET_PROMOTE): blocks loaded from disk also land in kvtier's host
+        tier, for an engine with no host tier of its own above kvtier."""
+        return self._batch("get", keys, pieces, parent, tokens, opaque, max_blocks, promote)
 
     def remove(self, keys):
         """Removes keys from every tier (kvt_remove; blocks used by a job in

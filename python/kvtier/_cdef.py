@@ -264,6 +264,8 @@ typedef struct kvt_batch {
 void kvt_batch_init(kvt_batch *b);
 int kvt_exists(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, size_t n, uint32_t flags,
                kvt_lookup_result *res, uint8_t *tier_of_block);
+int kvt_touch(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, size_t n, uint32_t flags,
+              size_t *n_touched);
 int kvt_put_from(kvt_cache *c, const kvt_batch *b, kvt_job *job);
 int kvt_get_into(kvt_cache *c, const kvt_batch *b, kvt_job *job);
 int kvt_remove(kvt_cache *c, const kvt_key *keys, size_t n, size_t *n_removed);

@@ -313,3 +313,25 @@ def test_released_in_flight_job_keeps_its_buffers(storage, tmp_path):
     with c2.get_into(keys, [dst[b] for b in range(8)], opaque=True) as j:
         assert j.wait() == 0
     np.testing.assert_array_equal(dst, src)
+
+
+def test_promote_and_touch(storage):
+    # A host tier of 2 over a disk: blocks put first end on disk only.
+    c = storage(host_blocks=2, disk_blocks=16)
+    src = pattern(4, salt=5)
+    keys = opaque_keys(c, 4, salt=5)
+    with c.put_from(keys, [src[b] for b in range(4)], opaque=True) as job:
+        assert job.wait() == 0
+    c.drain()
+    assert list(c.exists(keys[:2], opaque=True, tiers=True).tiers) == [kvtier.Tier.DISK] * 2
+    dst = np.zeros((2, BLOCK), np.uint8)
+    with c.get_into(keys[:2], [dst[0], dst[1]], opaque=True) as job:
+        assert job.wait() == 0
+    assert c.exists(keys[:2], opaque=True).n_disk == 2  # a plain get leaves them on disk
+    dst[:] = 0
+    with c.get_into(keys[:2], [dst[0], dst[1]], opaque=True, promote=True) as job:
+        assert job.wait() == 0
+    np.testing.assert_array_equal(dst, src[:2])
+    assert c.exists(keys[:2], opaque=True).n_host == 2  # promoted: the host tier holds them now
+    assert c.touch(keys, opaque=True) == 4
+    assert c.touch(opaque_keys(c, 2, salt=77), opaque=True) == 0

@@ -295,6 +295,29 @@ int kvt_exists(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, size_t 
   return kvt__struct_out(res, &full, sizeof full, KVT_LOOKUP_RESULT_SIZE_V1);
 }
 
+int kvt_touch(kvt_cache *c, const kvt_key *parent, const kvt_key *keys, size_t n, uint32_t flags,
+              size_t *n_touched) {
+  if (!c) return -EINVAL;
+  if (kvt__forked(c)) return KVT_EFORKED;
+  if (!c->layout_ready) return KVT_ELAYOUT;
+  if ((n && !keys) || n > UINT32_MAX || (flags & ~KVT_KEYS_OPAQUE)) return -EINVAL;
+  size_t done = 0;
+  pthread_mutex_lock(&c->lock);
+  /* Chained: the prefix ends at the first key not held (or held under
+   * another parent); opaque: each key stands alone. */
+  uint32_t end = flags & KVT_KEYS_OPAQUE ? (uint32_t)n : prefix_locked(c, parent, keys, n, flags, NULL, NULL);
+  for (uint32_t i = end; i-- > 0;) {
+    uint32_t e = kvt__index_find(&c->map, &keys[i]);
+    if (e == KVT__NONE || fastest_valid(kvt__E(c, e)) < 0) continue;
+    for (int t = 0; t < KVT__NTIERS; t++)
+      if (kvt__E(c, e)->state[t] == KVT__VALID) kvt__index_touch(&c->map, e, t);
+    done++;
+  }
+  pthread_mutex_unlock(&c->lock);
+  if (n_touched) *n_touched = done;
+  return 0;
+}
+
 /* ---- batches ---- */
 
 void kvt_batch_init(kvt_batch *b) {
@@ -388,12 +411,13 @@ static int resolve_pieces(kvt_cache *c, kvt__sjob *jb, const kvt_batch *b, int p
   return 0;
 }
 
-static int batch_ok(kvt_cache *c, const kvt_batch *b, kvt_job *job) {
+static int batch_ok(kvt_cache *c, const kvt_batch *b, kvt_job *job, int kind) {
   if (!b || !job) return -EINVAL;
   if (b->size < KVT_BATCH_SIZE_V1 || b->size > sizeof *b + 4096) return KVT_EVERSION;
   if (!b->n_blocks || !b->keys || !b->pieces || !b->pieces_per_block) return -EINVAL;
   if (b->n_blocks > c->cfg.max_job_blocks) return -E2BIG;
-  if (b->pieces_per_block > 65536 || (b->flags & ~KVT_KEYS_OPAQUE)) return -EINVAL;
+  uint32_t known = KVT_KEYS_OPAQUE | (kind == KVT__SJ_GET ? KVT_GET_PROMOTE : 0);
+  if (b->pieces_per_block > 65536 || (b->flags & ~known)) return -EINVAL;
   if (!kvt__has_tier(c, KVT__T_HOST) && !kvt__has_tier(c, KVT__T_DISK)) return KVT_EUNSUPPORTED;
   return 0;
 }
@@ -412,6 +436,7 @@ static void claim_puts(kvt_cache *c, kvt__sjob *jb, const kvt_batch *b) {
     sb->entry = KVT__NONE;
     sb->tier = (uint8_t)dest;
     sb->result = 1;
+    sb->host_slot = KVT__NONE;
     if (kvt__index_find(&c->map, &b->keys[i]) != KVT__NONE) continue; /* stored or being stored */
     const kvt_key *parent = b->flags & KVT_KEYS_OPAQUE ? &c->ns : i ? &b->keys[i - 1] : b->parent ? b->parent : &c->ns;
     uint32_t e = kvt__index_insert(&c->map, &b->keys[i], parent);
@@ -439,6 +464,7 @@ static void claim_gets(kvt_cache *c, kvt__sjob *jb, const kvt_batch *b, uint32_t
     sb->entry = KVT__NONE;
     sb->result = 1;
     sb->tier = KVT_TIER_NONE;
+    sb->host_slot = KVT__NONE;
     if (i >= prefix) continue;
     if (i >= local) { /* the remote's: no entry, read by the worker into a staging record */
       sb->tier = KVT__T_REMOTE;
@@ -457,7 +483,7 @@ static int submit(kvt_cache *c, const kvt_batch *user, kvt_job *job, int kind, i
   STORAGE_CHECK(c);
   kvt_batch b;
   kvt_batch_init(&b);
-  int rc = batch_ok(c, user, job);
+  int rc = batch_ok(c, user, job, kind);
   if (rc) return rc;
   memcpy(&b, user, KVT_BATCH_SIZE_V1 < sizeof b ? KVT_BATCH_SIZE_V1 : sizeof b);
   kvt__storage *s = c->storage;
@@ -497,6 +523,7 @@ static int submit(kvt_cache *c, const kvt_batch *user, kvt_job *job, int kind, i
   memcpy(jb->keys, b.keys, (size_t)b.n_blocks * sizeof(kvt_key));
   jb->opaque = (b.flags & KVT_KEYS_OPAQUE) != 0;
   jb->zero_tail = (uint8_t)part;
+  jb->promote = kind == KVT__SJ_GET && !part && (b.flags & KVT_GET_PROMOTE) && kvt__has_tier(c, KVT__T_HOST);
   jb->parent0 = b.parent ? *b.parent : c->ns;
   if (kind == KVT__SJ_PUT) claim_puts(c, jb, &b);
   else claim_gets(c, jb, &b, rr_from, rr_n);

@@ -68,6 +68,7 @@ typedef struct kvt__sblock {
   uint32_t entry; /* KVT__NONE: skipped or not loaded (or a get from the remote tier) */
   uint8_t tier;   /* put: destination; get: source (KVT__T_REMOTE: fetched from the remote, no entry) */
   int32_t result;
+  uint32_t host_slot; /* KVT_GET_PROMOTE: the host slot (FILLING) a disk block also lands in, or KVT__NONE */
 } kvt__sblock;
 
 typedef struct kvt__sjob {
@@ -75,6 +76,7 @@ typedef struct kvt__sjob {
   uint8_t busy, done, user, kind, has_tokens;
   uint8_t opaque;   /* KVT_KEYS_OPAQUE: records carry the namespace as parent */
   uint8_t zero_tail; /* a get whose blocks' pieces may end early (kvt__get_into_part) */
+  uint8_t promote;   /* KVT_GET_PROMOTE: disk blocks also land in the host tier */
   kvt_key parent0;  /* chained keys: the parent of keys[0] */
   int status;
   uint32_t n_blocks, ppb;

@@ -178,6 +178,68 @@ static int reread_whole(kvt_cache *c, kvt__sjob *jb, uint32_t i) {
   return rc;
 }
 
+/* ---- KVT_GET_PROMOTE: disk blocks also land in the host tier ---- */
+
+/* Host slots (FILLING) for the get's disk blocks that the host does not
+ * hold, as owner mode's restores take them, before any read is submitted.
+ * May wait for spills of host victims (never for another storage job: a
+ * host tier whose slots are all taken by jobs in flight gives none). A
+ * block that gets no slot is loaded unpromoted. */
+static void promote_take_slots(kvt_cache *c, kvt__sjob *jb) {
+  uint32_t need = 0, cap = (uint32_t)c->cap[KVT__T_HOST];
+  pthread_mutex_lock(&c->lock);
+  for (uint32_t i = 0; i < jb->n_blocks; i++) {
+    const kvt__sblock *sb = &jb->blocks[i];
+    need += sb->tier == KVT__T_DISK && sb->entry != KVT__NONE && sb->result == 0 &&
+            kvt__E(c, sb->entry)->state[KVT__T_HOST] == KVT__ABSENT;
+  }
+  if (need > cap) need = cap;
+  if (need) kvt__make_room(c, KVT__T_HOST, need, 1); /* short of room: as many slots as are free */
+  for (uint32_t i = 0; i < jb->n_blocks && need; i++) {
+    kvt__sblock *sb = &jb->blocks[i];
+    if (sb->tier != KVT__T_DISK || sb->entry == KVT__NONE || sb->result != 0 ||
+        kvt__E(c, sb->entry)->state[KVT__T_HOST] != KVT__ABSENT)
+      continue;
+    uint32_t s = kvt__slots_take(&c->slots[KVT__T_HOST]);
+    if (s == KVT__NONE) break;
+    kvt__index_set_state(&c->map, sb->entry, KVT__T_HOST, KVT__FILLING, s);
+    sb->host_slot = s;
+    need--;
+  }
+  pthread_mutex_unlock(&c->lock);
+  kvt__flush_submits(c); /* spills the room-making started */
+}
+
+/* Block i landed (status 0) in the engine's pieces: its record image into
+ * its host slot, the prefix (header and tokens, as read and checked) and
+ * the payload (from the staging record, or from the pieces the straight
+ * read filled). */
+static void promote_fill(kvt_cache *c, kvt__sjob *jb, uint32_t i, const kvt__stage *st, int status) {
+  if (status != 0) return;
+  void *rec = kvt__host_slot(&c->host, jb->blocks[i].host_slot);
+  if (!st->n_iov) {
+    memcpy(rec, st->rec, c->record_bytes);
+    return;
+  }
+  memcpy(rec, st->rec, kvt__record_prefix_bytes(c->bt));
+  copy_pieces(jb, i, kvt__record_payload(rec, c->bt), 0); /* host pieces only (straight): cannot fail */
+}
+
+/* The host copy of block i becomes valid, or its slot goes back. Before
+ * get_commit, which may drop the entry once no tier holds it. Lock held. */
+static void promote_commit(kvt_cache *c, kvt__sjob *jb, uint32_t i, int status) {
+  kvt__sblock *sb = &jb->blocks[i];
+  if (status == 0) {
+    kvt__index_set_state(&c->map, sb->entry, KVT__T_HOST, KVT__VALID, sb->host_slot);
+    c->st.blocks_disk2h++;
+    c->st.bytes_disk2h += c->block_bytes;
+  } else {
+    kvt__index_set_state(&c->map, sb->entry, KVT__T_HOST, KVT__ABSENT, 0);
+    kvt__slots_put(&c->slots[KVT__T_HOST], sb->host_slot);
+  }
+  sb->host_slot = KVT__NONE;
+}
+
 /* Waits for stage k's I/O and hands its block to the job. */
 static void stage_retire(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb, kvt__stage *st) {
   if (st->block == KVT__NONE) return;
@@ -201,8 +263,10 @@ static void stage_retire(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb, kvt__stag
     if (status == 0 && jb->blocks[i].tier == KVT__T_REMOTE) status = verify_parent(c, jb, i, st->rec);
     if (status == 0) status = verify_tokens(c, jb, i, st->rec);
     if (status == 0 && !st->n_iov) status = copy_pieces(jb, i, kvt__record_payload(st->rec, c->bt), 1);
+    if (jb->blocks[i].host_slot != KVT__NONE) promote_fill(c, jb, i, st, status);
   }
   pthread_mutex_lock(&c->lock);
+  if (jb->kind == KVT__SJ_GET && jb->blocks[i].host_slot != KVT__NONE) promote_commit(c, jb, i, status);
   if (jb->kind == KVT__SJ_GET) get_commit(c, jb, i, status);
   else put_commit(c, jb, i, status);
   if (status == 0 && jb->blocks[i].tier == KVT__T_DISK) {
@@ -432,6 +496,7 @@ static void run_get(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb) {
   kvt__stage *sts[GET_BATCH];
   kvt__disk_io ios[GET_BATCH];
   uint32_t pending = 0;
+  if (jb->promote) promote_take_slots(c, jb);
   for (uint32_t i = 0; i < jb->n_blocks; i++) {
     kvt__sblock *sb = &jb->blocks[i];
     if (sb->entry == KVT__NONE && sb->tier != KVT__T_REMOTE) continue;
