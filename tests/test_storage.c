@@ -43,7 +43,11 @@ static kvt_cache *open_storage(uint32_t host, uint64_t disk, int reset) {
   cfg.block_tokens = BT;
   cfg.host_blocks = host;
   cfg.copy_threads = 2;
-  snprintf(path, sizeof path, "%s/storage.kvt", kvt_test_tmpdir());
+  /* A file of its own for each fresh start (a reopen takes the last one):
+   * a test that fails leaves its cache open, holding its file's lock, and
+   * the tests after it must not fail for that. */
+  static unsigned files;
+  if (reset) snprintf(path, sizeof path, "%s/storage-%u.kvt", kvt_test_tmpdir(), files++);
   cfg.disk_path = disk ? path : NULL;
   cfg.disk_blocks = disk;
   cfg.disk_reset = reset;
