@@ -205,6 +205,7 @@ static void promote_take_slots(kvt_cache *c, kvt__sjob *jb) {
     kvt__index_set_state(&c->map, sb->entry, KVT__T_HOST, KVT__FILLING, s);
     sb->host_slot = s;
     need--;
+    c->storage->promoting++;
   }
   pthread_mutex_unlock(&c->lock);
   kvt__flush_submits(c); /* spills the room-making started */
@@ -238,6 +239,8 @@ static void promote_commit(kvt_cache *c, kvt__sjob *jb, uint32_t i, int status) 
     kvt__slots_put(&c->slots[KVT__T_HOST], sb->host_slot);
   }
   sb->host_slot = KVT__NONE;
+  c->storage->promoting--;
+  pthread_cond_broadcast(&c->cond); /* a put waiting for host room (put_take_slots) */
 }
 
 /* Waits for stage k's I/O and hands its block to the job. */
@@ -416,11 +419,18 @@ static void stage_drain(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb) {
 /* ---- puts ---- */
 
 /* Gives blocks [from, to) of the put their slots; blocks that get none fail
- * with the reason. Lock held; may wait for spills. */
+ * with the reason. Lock held; may wait for spills and for
+ * host slots promoting gets hold. */
 static void put_take_slots(kvt_cache *c, kvt__sjob *jb, uint32_t from, uint32_t to, int tier) {
   uint32_t need = 0;
   for (uint32_t i = from; i < to; i++) need += jb->blocks[i].entry != KVT__NONE && jb->blocks[i].result == 0;
   int rc = need ? kvt__make_room(c, tier, need, 1) : 0;
+  /* Host slots a promoting get holds are not evictable until its reads
+   * land them (never waiting for a put): room then, not a failure. */
+  while (rc == KVT_ENOSPACE && tier == KVT__T_HOST && c->storage->promoting) {
+    pthread_cond_wait(&c->cond, &c->lock);
+    rc = kvt__make_room(c, tier, need, 1);
+  }
   for (uint32_t i = from; i < to; i++) {
     kvt__sblock *sb = &jb->blocks[i];
     if (sb->entry == KVT__NONE || sb->result != 0) continue;
