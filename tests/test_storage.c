@@ -1382,6 +1382,38 @@ static void a_put_waits_for_host_slots_a_promoting_get_holds(void **s) {
   sfix_close(&f);
 }
 
+/* A promote is best effort: it spills the host's least recent blocks for
+ * room, but never drops one whose only copy is on the host. With every
+ * disk slot pinned by the get's own reads, those blocks cannot spill: the
+ * get loads its blocks unpromoted and the host keeps its own. */
+static void a_promote_never_drops_blocks_held_only_on_the_host(void **s) {
+  sfix f;
+  sfix_open(&f, 4, 8, 1);
+  for (uint32_t b = 0; b < NB; b++) kvt_test_fill(blk(&f, b), BLOCK, 900 + b);
+  int32_t res[NB];
+  uint32_t ok = 0;
+  assert_int_equal(pro_batch(&f, NULL, 0, 0, NB, 0, f.tokens, res, &ok), 0);
+  assert_int_equal(ok, NB);
+  kvt_drain(f.c);
+  uint8_t tiers[NB];
+  kvt_lookup_result r = {.size = sizeof r};
+  assert_int_equal(kvt_exists(f.c, NULL, f.keys, NB, 0, &r, tiers), 0);
+  assert_int_equal(r.n_prefix, NB);
+  assert_int_equal(r.n_disk, 8);
+  assert_int_equal(r.n_host, 4);
+  pro_clear(&f, NULL);
+  assert_int_equal(pro_batch(&f, NULL, 1, 0, 8, KVT_GET_PROMOTE, f.tokens, res, &ok), 0);
+  assert_int_equal(ok, 8);
+  for (uint32_t b = 0; b < 8; b++) assert_true(pro_match(&f, NULL, b, 900 + b));
+  assert_int_equal(kvt_exists(f.c, NULL, f.keys, NB, 0, &r, tiers), 0);
+  assert_int_equal(r.n_prefix, NB); /* blocks 8-11 were not dropped */
+  pro_clear(&f, NULL);
+  assert_int_equal(pro_batch(&f, NULL, 1, 8, 4, 0, &f.tokens[8 * BT], res, &ok), 0);
+  assert_int_equal(ok, 4);
+  for (uint32_t b = 8; b < NB; b++) assert_true(pro_match(&f, NULL, b, 900 + b));
+  sfix_close(&f);
+}
+
 /* KVT_GET_PROMOTE is a get's flag; a put refuses it. Without a host tier a
  * get ignores it. */
 static void promote_is_a_get_flag(void **s) {
@@ -1494,6 +1526,7 @@ int main(void) {
       cmocka_unit_test(promoting_get_io_errors_give_back_host_slots),
       cmocka_unit_test(promote_is_a_get_flag),
       cmocka_unit_test(a_put_waits_for_host_slots_a_promoting_get_holds),
+      cmocka_unit_test(a_promote_never_drops_blocks_held_only_on_the_host),
       cmocka_unit_test(touch_makes_held_blocks_the_most_recent),
       cmocka_unit_test(round_trip_host_many_pieces),
       cmocka_unit_test(round_trip_disk_only_one_piece),

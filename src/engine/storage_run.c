@@ -194,7 +194,9 @@ static void promote_take_slots(kvt_cache *c, kvt__sjob *jb) {
             kvt__E(c, sb->entry)->state[KVT__T_HOST] == KVT__ABSENT;
   }
   if (need > cap) need = cap;
-  if (need) kvt__make_room(c, KVT__T_HOST, need, 1); /* short of room: as many slots as are free */
+  /* Short of room: as many slots as are free. Best effort: a host block
+   * that cannot spill (the disk's slots pinned) stays, unpromoted over. */
+  if (need) kvt__make_room(c, KVT__T_HOST, need, 1 | KVT__ROOM_KEEP);
   for (uint32_t i = 0; i < jb->n_blocks && need; i++) {
     kvt__sblock *sb = &jb->blocks[i];
     if (sb->tier != KVT__T_DISK || sb->entry == KVT__NONE || sb->result != 0 ||
