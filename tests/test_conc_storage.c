@@ -15,6 +15,8 @@
 #include "helpers.h"
 #include "kvtier/kvtier.h"
 
+int kvt__check_invariants(kvt_cache *c, char *msg, size_t len); /* src/engine/check.c */
+
 #define BT 16
 #define BLOCK 8192u
 #define CONVS 8
@@ -168,6 +170,9 @@ static void run_threads(uint32_t host_blocks) {
   }
   assert_int_equal(bad, 0);
   kvt_drain(cache);
+  char why[200] = "";
+  if (kvt__check_invariants(cache, why, sizeof why) != 0) fprintf(stderr, "tier map: %s\n", why);
+  assert_string_equal(why, "");
   kvt_stats st = {.size = sizeof st};
   kvt_get_stats(cache, &st);
   assert_int_equal(st.checksum_failures + st.io_errors + st.verify_mismatches, 0);
