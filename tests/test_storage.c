@@ -1414,6 +1414,45 @@ static void a_promote_never_drops_blocks_held_only_on_the_host(void **s) {
   sfix_close(&f);
 }
 
+/* Opaque keys may name a block twice: its host slot is taken once, and
+ * room is made for the blocks promoted, not for the keys (a host block
+ * evicted per duplicate would be evicted for nothing). */
+static void a_key_twice_in_a_promoting_get_takes_one_host_slot(void **s) {
+  sfix f;
+  pro_setup(&f, NULL, 0); /* blocks 8-11 on the host, 0-7 on disk only */
+  kvt_key dup[3] = {f.keys[0], f.keys[0], f.keys[1]};
+  kvt_piece pc[3] = {{.ptr = blk(&f, 0), .len = BLOCK}, {.ptr = blk(&f, 1), .len = BLOCK},
+                     {.ptr = blk(&f, 2), .len = BLOCK}};
+  pro_clear(&f, NULL);
+  kvt_batch bt;
+  kvt_batch_init(&bt);
+  bt.n_blocks = 3;
+  bt.keys = dup;
+  bt.pieces = pc;
+  bt.flags = KVT_KEYS_OPAQUE | KVT_GET_PROMOTE;
+  kvt_job job = 0;
+  int32_t res[3];
+  uint32_t ok = 0;
+  assert_int_equal(kvt_get_into(f.c, &bt, &job), 1);
+  assert_int_equal(kvt_storage_wait(f.c, job, -1), 0);
+  assert_int_equal(kvt_storage_results(f.c, job, res, 3, &ok), 0);
+  assert_int_equal(ok, 3);
+  assert_int_equal(kvt_storage_release(f.c, job), 0);
+  assert_true(kvt_test_check(blk(&f, 0), BLOCK, 900) && kvt_test_check(blk(&f, 1), BLOCK, 900) &&
+              kvt_test_check(blk(&f, 2), BLOCK, 901));
+  kvt_stats st = pro_stats(&f);
+  assert_int_equal(st.blocks_disk2h, 2);
+  assert_int_equal(st.resident_host, 4); /* two promoted, two of 8-11 evicted */
+  uint8_t tiers[NB];
+  kvt_lookup_result r = {.size = sizeof r};
+  assert_int_equal(kvt_exists(f.c, NULL, f.keys, NB, 0, &r, tiers), 0);
+  assert_int_equal(r.n_prefix, NB);
+  assert_int_equal(r.n_host, 4);
+  assert_int_equal(tiers[0], KVT_TIER_HOST);
+  assert_int_equal(tiers[1], KVT_TIER_HOST);
+  sfix_close(&f);
+}
+
 /* KVT_GET_PROMOTE is a get's flag; a put refuses it. Without a host tier a
  * get ignores it. */
 static void promote_is_a_get_flag(void **s) {
@@ -1527,6 +1566,7 @@ int main(void) {
       cmocka_unit_test(promote_is_a_get_flag),
       cmocka_unit_test(a_put_waits_for_host_slots_a_promoting_get_holds),
       cmocka_unit_test(a_promote_never_drops_blocks_held_only_on_the_host),
+      cmocka_unit_test(a_key_twice_in_a_promoting_get_takes_one_host_slot),
       cmocka_unit_test(touch_makes_held_blocks_the_most_recent),
       cmocka_unit_test(round_trip_host_many_pieces),
       cmocka_unit_test(round_trip_disk_only_one_piece),

@@ -180,34 +180,41 @@ static int reread_whole(kvt_cache *c, kvt__sjob *jb, uint32_t i) {
 
 /* ---- KVT_GET_PROMOTE: disk blocks also land in the host tier ---- */
 
+/* sblock.host_slot of a block claimed for promotion (its host state
+ * FILLING) while room is made, before it has a slot. */
+#define PROMOTE_CLAIMED (KVT__NONE - 1u)
+
 /* Host slots (FILLING) for the get's disk blocks that the host does not
  * hold, as owner mode's restores take them, before any read is submitted.
  * May wait for spills of host victims (never for another storage job: a
  * host tier whose slots are all taken by jobs in flight gives none). A
- * block that gets no slot is loaded unpromoted. */
+ * block that gets no slot is loaded unpromoted. Each block is claimed
+ * once, FILLING with no slot yet, before room is made: opaque keys may
+ * name a block twice, and room for the keys would evict a host block per
+ * duplicate for nothing. */
 static void promote_take_slots(kvt_cache *c, kvt__sjob *jb) {
   uint32_t need = 0, cap = (uint32_t)c->cap[KVT__T_HOST];
   pthread_mutex_lock(&c->lock);
-  for (uint32_t i = 0; i < jb->n_blocks; i++) {
-    const kvt__sblock *sb = &jb->blocks[i];
-    need += sb->tier == KVT__T_DISK && sb->entry != KVT__NONE && sb->result == 0 &&
-            kvt__E(c, sb->entry)->state[KVT__T_HOST] == KVT__ABSENT;
+  for (uint32_t i = 0; i < jb->n_blocks && need < cap; i++) {
+    kvt__sblock *sb = &jb->blocks[i];
+    if (sb->tier != KVT__T_DISK || sb->entry == KVT__NONE || sb->result != 0 ||
+        kvt__E(c, sb->entry)->state[KVT__T_HOST] != KVT__ABSENT)
+      continue;
+    kvt__index_set_state(&c->map, sb->entry, KVT__T_HOST, KVT__FILLING, KVT__NONE);
+    sb->host_slot = PROMOTE_CLAIMED;
+    need++;
   }
-  if (need > cap) need = cap;
   /* Short of room: as many slots as are free. Best effort: a host block
    * that cannot spill (the disk's slots pinned) stays, unpromoted over. */
   if (need) kvt__make_room(c, KVT__T_HOST, need, 1 | KVT__ROOM_KEEP);
   for (uint32_t i = 0; i < jb->n_blocks && need; i++) {
     kvt__sblock *sb = &jb->blocks[i];
-    if (sb->tier != KVT__T_DISK || sb->entry == KVT__NONE || sb->result != 0 ||
-        kvt__E(c, sb->entry)->state[KVT__T_HOST] != KVT__ABSENT)
-      continue;
+    if (sb->host_slot != PROMOTE_CLAIMED) continue;
     uint32_t s = kvt__slots_take(&c->slots[KVT__T_HOST]);
-    if (s == KVT__NONE) break;
-    kvt__index_set_state(&c->map, sb->entry, KVT__T_HOST, KVT__FILLING, s);
+    kvt__index_set_state(&c->map, sb->entry, KVT__T_HOST, s == KVT__NONE ? KVT__ABSENT : KVT__FILLING, s);
     sb->host_slot = s;
+    c->storage->promoting += s != KVT__NONE;
     need--;
-    c->storage->promoting++;
   }
   pthread_mutex_unlock(&c->lock);
   kvt__flush_submits(c); /* spills the room-making started */
