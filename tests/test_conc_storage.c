@@ -15,6 +15,8 @@
 #include "helpers.h"
 #include "kvtier/kvtier.h"
 
+int kvt__check_invariants(kvt_cache *c, char *msg, size_t len); /* src/engine/check.c */
+
 #define BT 16
 #define BLOCK 8192u
 #define CONVS 8
@@ -32,6 +34,10 @@ static uint64_t seed_of(int conv, int b) { return (uint64_t)conv * 1000 + (uint6
  * block's two pages one page apart, so every disk put and get moves
  * straight between that memory and the file (no host tier). */
 static int straight;
+
+/* Promote mode: gets promote half the time (KVT_GET_PROMOTE), and two more
+ * ops race them: removes and touches of a conversation. */
+static int promote;
 
 /* Block b's two pieces: unaligned pointers into buf, or (straight) pages
  * 0 and 2 of the block's 16 KiB place in the thread's region. */
@@ -74,7 +80,7 @@ static void *worker(void *arg) {
   int bad = 0;
   for (int it = 0; it < iters && !bad; it++) {
     r = r * 1103515245u + 12345u;
-    int conv = (int)((r >> 8) % CONVS), op = (int)((r >> 4) % 3);
+    int conv = (int)((r >> 8) % CONVS), op = (int)((r >> 4) % (promote ? 5 : 3));
     kvt_batch bt;
     kvt_batch_init(&bt);
     bt.n_blocks = NBLK;
@@ -82,6 +88,7 @@ static void *worker(void *arg) {
     bt.tokens = toks[conv];
     bt.pieces = p;
     bt.pieces_per_block = 2;
+    bt.flags = promote && (r >> 16) & 1 ? KVT_GET_PROMOTE : 0;
     kvt_job job;
     int32_t res[NBLK];
     if (op == 0) {
@@ -89,6 +96,7 @@ static void *worker(void *arg) {
         kvt_test_fill(img, BLOCK, seed_of(conv, b));
         block_bytes(buf, b, img, 1);
       }
+      bt.flags = 0;
       if (kvt_put_from(cache, &bt, &job) != 1) continue;
       int st = kvt_storage_wait(cache, job, -1);
       if (st != 0 && st != KVT_ENOSPACE && st != KVT_EAGAIN) {
@@ -100,6 +108,12 @@ static void *worker(void *arg) {
       kvt_lookup_result lr = {.size = sizeof lr};
       bad |= kvt_exists(cache, NULL, keys[conv], NBLK, 0, &lr, NULL) != 0;
       bad |= lr.n_prefix > NBLK || lr.n_host + lr.n_disk != lr.n_prefix;
+    } else if (op == 3) {
+      size_t n = 0;
+      bad |= kvt_remove(cache, &keys[conv][(r >> 20) % (NBLK - 1)], 1 + (r >> 24) % 2, &n) != 0;
+    } else if (op == 4) {
+      size_t n = 0;
+      bad |= kvt_touch(cache, NULL, keys[conv], NBLK, 0, &n) != 0 || n > NBLK;
     } else {
       memset(buf, 0, bytes);
       if (kvt_get_into(cache, &bt, &job) != 1) continue;
@@ -156,6 +170,9 @@ static void run_threads(uint32_t host_blocks) {
   }
   assert_int_equal(bad, 0);
   kvt_drain(cache);
+  char why[200] = "";
+  if (kvt__check_invariants(cache, why, sizeof why) != 0) fprintf(stderr, "tier map: %s\n", why);
+  assert_string_equal(why, "");
   kvt_stats st = {.size = sizeof st};
   kvt_get_stats(cache, &st);
   assert_int_equal(st.checksum_failures + st.io_errors + st.verify_mismatches, 0);
@@ -169,11 +186,13 @@ static void run_threads(uint32_t host_blocks) {
   if (straight && sparse && strcmp(kvt_disk_backend_name(cache), "io_uring") == 0)
     assert_true(st.storage_blocks_fixed > 0);
   if (!straight) assert_int_equal(st.storage_blocks_fixed, 0);
+  if (promote) assert_true(st.blocks_disk2h > 0);
   kvt_close(cache);
 }
 
 static void four_threads_put_get_and_check(void **s) {
   straight = 0;
+  promote = 0;
   run_threads(10);
 }
 
@@ -181,11 +200,28 @@ static void four_threads_put_get_and_check(void **s) {
  * with the disk tier full and its victims dropped under reads. */
 static void four_threads_straight_to_disk(void **s) {
   straight = 1;
+  promote = 0;
   run_threads(0);
+}
+
+/* Promoting gets race puts, gets, removes and touches of the same keys
+ * and the evictions their host slots cause; staged, then straight. */
+static void four_threads_promote_remove_and_touch(void **s) {
+  straight = 0;
+  promote = 1;
+  run_threads(10);
+}
+
+static void four_threads_promote_straight(void **s) {
+  straight = 1;
+  promote = 1;
+  run_threads(10);
 }
 
 int main(void) {
   const struct CMUnitTest tests[] = {cmocka_unit_test(four_threads_put_get_and_check),
-                                     cmocka_unit_test(four_threads_straight_to_disk)};
+                                     cmocka_unit_test(four_threads_straight_to_disk),
+                                     cmocka_unit_test(four_threads_promote_remove_and_touch),
+                                     cmocka_unit_test(four_threads_promote_straight)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1336,6 +1336,127 @@ static void promoting_get_io_errors_give_back_host_slots(void **s) {
   }
 }
 
+static int slow_io(void *ctx, int site, int64_t arg) {
+  (void)ctx;
+  (void)arg;
+  return site == KVT_FAULT_IO_DELAY_US ? 300000 : 0;
+}
+
+/* The host slots a promoting get holds while its reads are in flight are
+ * not evictable yet: a put that needs them waits for the get to land them
+ * (then evicts them, as their disk copies stay) instead of failing for
+ * want of room. */
+static void a_put_waits_for_host_slots_a_promoting_get_holds(void **s) {
+  sfix f;
+  sfix_open(&f, 4, 64, 1);
+  for (uint32_t b = 0; b < 8; b++) kvt_test_fill(blk(&f, b), BLOCK, 900 + b);
+  int32_t res[NB];
+  uint32_t ok = 0;
+  assert_int_equal(pro_batch(&f, NULL, 0, 0, 8, 0, f.tokens, res, &ok), 0);
+  kvt_drain(f.c);
+  size_t gone = 0;
+  assert_int_equal(kvt_remove(f.c, &f.keys[4], 4, &gone), 0); /* the host's 4, with no spill */
+  assert_int_equal(gone, 4);
+  assert_int_equal(exists(&f, 4).n_disk, 4);
+  char *dst = malloc((size_t)4 * BLOCK);
+  assert_non_null(dst);
+  kvt_piece pc[4];
+  for (uint32_t b = 0; b < 4; b++) pc[b] = (kvt_piece){.ptr = dst + (size_t)b * BLOCK, .len = BLOCK};
+  kvt_batch bt;
+  kvt_batch_init(&bt);
+  bt.n_blocks = 4;
+  bt.keys = f.keys;
+  bt.pieces = pc;
+  bt.flags = KVT_GET_PROMOTE;
+  kvt__fault_set(slow_io, NULL);
+  kvt_job get = 0;
+  assert_int_equal(kvt_get_into(f.c, &bt, &get), 1);
+  usleep(100000); /* the get has taken the host's 4 slots; its reads are in flight */
+  assert_int_equal(kvt_storage_poll(f.c, get), 1);
+  kvt__fault_set(NULL, NULL);
+  assert_int_equal(pro_batch(&f, NULL, 0, 4, 1, 0, &f.tokens[4 * BT], res, &ok), 0);
+  assert_int_equal(res[0], 0);
+  assert_int_equal(kvt_storage_wait(f.c, get, -1), 0);
+  assert_int_equal(kvt_storage_results(f.c, get, res, 4, &ok), 0);
+  assert_int_equal(ok, 4);
+  assert_int_equal(kvt_storage_release(f.c, get), 0);
+  for (uint32_t b = 0; b < 4; b++) assert_true(kvt_test_check(dst + (size_t)b * BLOCK, BLOCK, 900 + b));
+  assert_int_equal(exists(&f, 5).n_prefix, 5);
+  free(dst);
+  sfix_close(&f);
+}
+
+/* A promote is best effort: it spills the host's least recent blocks for
+ * room, but never drops one whose only copy is on the host. With every
+ * disk slot pinned by the get's own reads, those blocks cannot spill: the
+ * get loads its blocks unpromoted and the host keeps its own. */
+static void a_promote_never_drops_blocks_held_only_on_the_host(void **s) {
+  sfix f;
+  sfix_open(&f, 4, 8, 1);
+  for (uint32_t b = 0; b < NB; b++) kvt_test_fill(blk(&f, b), BLOCK, 900 + b);
+  int32_t res[NB];
+  uint32_t ok = 0;
+  assert_int_equal(pro_batch(&f, NULL, 0, 0, NB, 0, f.tokens, res, &ok), 0);
+  assert_int_equal(ok, NB);
+  kvt_drain(f.c);
+  uint8_t tiers[NB];
+  kvt_lookup_result r = {.size = sizeof r};
+  assert_int_equal(kvt_exists(f.c, NULL, f.keys, NB, 0, &r, tiers), 0);
+  assert_int_equal(r.n_prefix, NB);
+  assert_int_equal(r.n_disk, 8);
+  assert_int_equal(r.n_host, 4);
+  pro_clear(&f, NULL);
+  assert_int_equal(pro_batch(&f, NULL, 1, 0, 8, KVT_GET_PROMOTE, f.tokens, res, &ok), 0);
+  assert_int_equal(ok, 8);
+  for (uint32_t b = 0; b < 8; b++) assert_true(pro_match(&f, NULL, b, 900 + b));
+  assert_int_equal(kvt_exists(f.c, NULL, f.keys, NB, 0, &r, tiers), 0);
+  assert_int_equal(r.n_prefix, NB); /* blocks 8-11 were not dropped */
+  pro_clear(&f, NULL);
+  assert_int_equal(pro_batch(&f, NULL, 1, 8, 4, 0, &f.tokens[8 * BT], res, &ok), 0);
+  assert_int_equal(ok, 4);
+  for (uint32_t b = 8; b < NB; b++) assert_true(pro_match(&f, NULL, b, 900 + b));
+  sfix_close(&f);
+}
+
+/* Opaque keys may name a block twice: its host slot is taken once, and
+ * room is made for the blocks promoted, not for the keys (a host block
+ * evicted per duplicate would be evicted for nothing). */
+static void a_key_twice_in_a_promoting_get_takes_one_host_slot(void **s) {
+  sfix f;
+  pro_setup(&f, NULL, 0); /* blocks 8-11 on the host, 0-7 on disk only */
+  kvt_key dup[3] = {f.keys[0], f.keys[0], f.keys[1]};
+  kvt_piece pc[3] = {{.ptr = blk(&f, 0), .len = BLOCK}, {.ptr = blk(&f, 1), .len = BLOCK},
+                     {.ptr = blk(&f, 2), .len = BLOCK}};
+  pro_clear(&f, NULL);
+  kvt_batch bt;
+  kvt_batch_init(&bt);
+  bt.n_blocks = 3;
+  bt.keys = dup;
+  bt.pieces = pc;
+  bt.flags = KVT_KEYS_OPAQUE | KVT_GET_PROMOTE;
+  kvt_job job = 0;
+  int32_t res[3];
+  uint32_t ok = 0;
+  assert_int_equal(kvt_get_into(f.c, &bt, &job), 1);
+  assert_int_equal(kvt_storage_wait(f.c, job, -1), 0);
+  assert_int_equal(kvt_storage_results(f.c, job, res, 3, &ok), 0);
+  assert_int_equal(ok, 3);
+  assert_int_equal(kvt_storage_release(f.c, job), 0);
+  assert_true(kvt_test_check(blk(&f, 0), BLOCK, 900) && kvt_test_check(blk(&f, 1), BLOCK, 900) &&
+              kvt_test_check(blk(&f, 2), BLOCK, 901));
+  kvt_stats st = pro_stats(&f);
+  assert_int_equal(st.blocks_disk2h, 2);
+  assert_int_equal(st.resident_host, 4); /* two promoted, two of 8-11 evicted */
+  uint8_t tiers[NB];
+  kvt_lookup_result r = {.size = sizeof r};
+  assert_int_equal(kvt_exists(f.c, NULL, f.keys, NB, 0, &r, tiers), 0);
+  assert_int_equal(r.n_prefix, NB);
+  assert_int_equal(r.n_host, 4);
+  assert_int_equal(tiers[0], KVT_TIER_HOST);
+  assert_int_equal(tiers[1], KVT_TIER_HOST);
+  sfix_close(&f);
+}
+
 /* KVT_GET_PROMOTE is a get's flag; a put refuses it. Without a host tier a
  * get ignores it. */
 static void promote_is_a_get_flag(void **s) {
@@ -1447,6 +1568,9 @@ int main(void) {
       cmocka_unit_test(promoting_get_straight),
       cmocka_unit_test(promoting_get_io_errors_give_back_host_slots),
       cmocka_unit_test(promote_is_a_get_flag),
+      cmocka_unit_test(a_put_waits_for_host_slots_a_promoting_get_holds),
+      cmocka_unit_test(a_promote_never_drops_blocks_held_only_on_the_host),
+      cmocka_unit_test(a_key_twice_in_a_promoting_get_takes_one_host_slot),
       cmocka_unit_test(touch_makes_held_blocks_the_most_recent),
       cmocka_unit_test(round_trip_host_many_pieces),
       cmocka_unit_test(round_trip_disk_only_one_piece),

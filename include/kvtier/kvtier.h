@@ -868,7 +868,8 @@ typedef struct kvt_batch {
  * leaves it off, or each block would be held twice. It costs one copy of
  * each such block in memory and, when the host tier is full, its least
  * recent blocks (spilled first where the disk has no copy, which the job
- * waits for). Best effort: a block is loaded all the same, unpromoted,
+ * waits for; one that cannot spill, the disk's slots all pinned, is never
+ * dropped for it). Best effort: a block is loaded all the same, unpromoted,
  * when no host slot can be had (host blocks all in use, no host tier);
  * blocks from the remote tier are not promoted. -EINVAL on kvt_put_from. */
 #define KVT_GET_PROMOTE 0x2u

@@ -317,13 +317,17 @@ void kvt__refs_free(kvt_cache *c, uint32_t first_chunk, uint32_t last_chunk, uin
 uint32_t kvt__ref_id(const kvt_cache *c, uint32_t first_chunk, uint32_t i);
 
 /* evict.c: called with c->lock held; never waits. */
-int kvt__room_step(kvt_cache *c, int tier, uint32_t need);
+int kvt__room_step(kvt_cache *c, int tier, uint32_t need, int keep);
 void kvt__drop_tier(kvt_cache *c, uint32_t e, int tier);
 void kvt__maybe_remove(kvt_cache *c, uint32_t e);
 uint32_t kvt__start_store(kvt_cache *c, const uint32_t *entries, uint32_t n, uint32_t flags);
 
 /* progress.c: room in a tier (lock held); may_wait: waits for demotions,
- * applying completions itself. 0, KVT_EAGAIN (!may_wait), KVT_ENOSPACE. */
+ * applying completions itself. 0, KVT_EAGAIN (!may_wait), KVT_ENOSPACE.
+ * KVT__ROOM_KEEP or'd into may_wait: never drops a block no tier below
+ * holds, even when it cannot be demoted (room for a best-effort copy,
+ * KVT_GET_PROMOTE's: KVT_ENOSPACE then). */
+#define KVT__ROOM_KEEP 2
 int kvt__make_room(kvt_cache *c, int tier, uint32_t need, int may_wait);
 
 /* storage.c: storage mode (KVT_LAYOUT_STORAGE). */

@@ -109,7 +109,7 @@ static int evict_some(kvt_cache *c, int tier, uint32_t want, int drop_only) {
 /* One step of making room for `need` blocks in `tier`, never waiting:
  * 0 (room now), KVT_EAGAIN (demotions under way will free the rest: wait
  * for their completions, progress.c's kvt__make_room), KVT_ENOSPACE. */
-int kvt__room_step(kvt_cache *c, int tier, uint32_t need) {
+int kvt__room_step(kvt_cache *c, int tier, uint32_t need, int keep) {
   if (need > c->cap[tier]) return KVT_ENOSPACE;
   uint32_t have = c->slots[tier].n_free;
   if (have >= need) return 0;
@@ -119,7 +119,9 @@ int kvt__room_step(kvt_cache *c, int tier, uint32_t need) {
   if (c->inflight == 0) {
     /* No copy in flight can free a slot, and the tier below has no room
      * for more copies (its slots are pinned or staged): drop victims
-     * rather than fail the request. Pinned blocks are never dropped. */
+     * rather than fail the request. Pinned blocks are never dropped, and
+     * with keep, neither is any: what is left has no copy below. */
+    if (keep) return KVT_ENOSPACE;
     evict_some(c, tier, need - c->slots[tier].n_free, 1);
     return c->slots[tier].n_free >= need ? 0 : KVT_ENOSPACE;
   }

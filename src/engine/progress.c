@@ -496,7 +496,7 @@ void kvt__flush_submits(kvt_cache *c) {
  * may_wait, waits for demotions in flight, applying completions itself. */
 int kvt__make_room(kvt_cache *c, int tier, uint32_t need, int may_wait) {
   for (;;) {
-    int rc = kvt__room_step(c, tier, need);
+    int rc = kvt__room_step(c, tier, need, (may_wait & KVT__ROOM_KEEP) != 0);
     if (rc != KVT_EAGAIN) return rc;
     if (!may_wait) return KVT_EAGAIN;
     if (c->n_submitq || c->n_chunkq) {

@@ -119,6 +119,7 @@ typedef struct kvt__storage {
   uint32_t *queue, q_head, q_len;  /* jobs waiting for a worker */
   uint32_t *done_q, d_head, d_len; /* finished user jobs not yet collected */
   uint32_t active;                 /* jobs queued or running (kvt_drain waits for them) */
+  uint32_t promoting;              /* host slots promoting gets hold FILLING (a put waits for them) */
   pthread_cond_t work;             /* with c->lock: the queue grew or stop */
   int stop;
   uint32_t n_workers;

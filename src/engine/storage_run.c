@@ -180,30 +180,40 @@ static int reread_whole(kvt_cache *c, kvt__sjob *jb, uint32_t i) {
 
 /* ---- KVT_GET_PROMOTE: disk blocks also land in the host tier ---- */
 
+/* sblock.host_slot of a block claimed for promotion (its host state
+ * FILLING) while room is made, before it has a slot. */
+#define PROMOTE_CLAIMED (KVT__NONE - 1u)
+
 /* Host slots (FILLING) for the get's disk blocks that the host does not
  * hold, as owner mode's restores take them, before any read is submitted.
  * May wait for spills of host victims (never for another storage job: a
  * host tier whose slots are all taken by jobs in flight gives none). A
- * block that gets no slot is loaded unpromoted. */
+ * block that gets no slot is loaded unpromoted. Each block is claimed
+ * once, FILLING with no slot yet, before room is made: opaque keys may
+ * name a block twice, and room for the keys would evict a host block per
+ * duplicate for nothing. */
 static void promote_take_slots(kvt_cache *c, kvt__sjob *jb) {
   uint32_t need = 0, cap = (uint32_t)c->cap[KVT__T_HOST];
   pthread_mutex_lock(&c->lock);
-  for (uint32_t i = 0; i < jb->n_blocks; i++) {
-    const kvt__sblock *sb = &jb->blocks[i];
-    need += sb->tier == KVT__T_DISK && sb->entry != KVT__NONE && sb->result == 0 &&
-            kvt__E(c, sb->entry)->state[KVT__T_HOST] == KVT__ABSENT;
-  }
-  if (need > cap) need = cap;
-  if (need) kvt__make_room(c, KVT__T_HOST, need, 1); /* short of room: as many slots as are free */
-  for (uint32_t i = 0; i < jb->n_blocks && need; i++) {
+  for (uint32_t i = 0; i < jb->n_blocks && need < cap; i++) {
     kvt__sblock *sb = &jb->blocks[i];
     if (sb->tier != KVT__T_DISK || sb->entry == KVT__NONE || sb->result != 0 ||
         kvt__E(c, sb->entry)->state[KVT__T_HOST] != KVT__ABSENT)
       continue;
+    kvt__index_set_state(&c->map, sb->entry, KVT__T_HOST, KVT__FILLING, KVT__NONE);
+    sb->host_slot = PROMOTE_CLAIMED;
+    need++;
+  }
+  /* Short of room: as many slots as are free. Best effort: a host block
+   * that cannot spill (the disk's slots pinned) stays, unpromoted over. */
+  if (need) kvt__make_room(c, KVT__T_HOST, need, 1 | KVT__ROOM_KEEP);
+  for (uint32_t i = 0; i < jb->n_blocks && need; i++) {
+    kvt__sblock *sb = &jb->blocks[i];
+    if (sb->host_slot != PROMOTE_CLAIMED) continue;
     uint32_t s = kvt__slots_take(&c->slots[KVT__T_HOST]);
-    if (s == KVT__NONE) break;
-    kvt__index_set_state(&c->map, sb->entry, KVT__T_HOST, KVT__FILLING, s);
+    kvt__index_set_state(&c->map, sb->entry, KVT__T_HOST, s == KVT__NONE ? KVT__ABSENT : KVT__FILLING, s);
     sb->host_slot = s;
+    c->storage->promoting += s != KVT__NONE;
     need--;
   }
   pthread_mutex_unlock(&c->lock);
@@ -238,6 +248,8 @@ static void promote_commit(kvt_cache *c, kvt__sjob *jb, uint32_t i, int status) 
     kvt__slots_put(&c->slots[KVT__T_HOST], sb->host_slot);
   }
   sb->host_slot = KVT__NONE;
+  c->storage->promoting--;
+  pthread_cond_broadcast(&c->cond); /* a put waiting for host room (put_take_slots) */
 }
 
 /* Waits for stage k's I/O and hands its block to the job. */
@@ -416,11 +428,18 @@ static void stage_drain(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb) {
 /* ---- puts ---- */
 
 /* Gives blocks [from, to) of the put their slots; blocks that get none fail
- * with the reason. Lock held; may wait for spills. */
+ * with the reason. Lock held; may wait for spills and for
+ * host slots promoting gets hold. */
 static void put_take_slots(kvt_cache *c, kvt__sjob *jb, uint32_t from, uint32_t to, int tier) {
   uint32_t need = 0;
   for (uint32_t i = from; i < to; i++) need += jb->blocks[i].entry != KVT__NONE && jb->blocks[i].result == 0;
   int rc = need ? kvt__make_room(c, tier, need, 1) : 0;
+  /* Host slots a promoting get holds are not evictable until its reads
+   * land them (never waiting for a put): room then, not a failure. */
+  while (rc == KVT_ENOSPACE && tier == KVT__T_HOST && c->storage->promoting) {
+    pthread_cond_wait(&c->cond, &c->lock);
+    rc = kvt__make_room(c, tier, need, 1);
+  }
   for (uint32_t i = from; i < to; i++) {
     kvt__sblock *sb = &jb->blocks[i];
     if (sb->entry == KVT__NONE || sb->result != 0) continue;
