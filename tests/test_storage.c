@@ -102,6 +102,17 @@ static void make_pieces(sfix *f, uint32_t n, int many, kvt_piece *p) {
   }
 }
 
+/* Runs batch b as a put or get to its end: the job's status, with its
+ * per-block results in results[0..n) and the landed prefix in *n_ok. */
+static int run_job(sfix *f, int get, const kvt_batch *b, uint32_t n, int32_t *results, uint32_t *n_ok) {
+  kvt_job job = 0;
+  assert_int_equal(get ? kvt_get_into(f->c, b, &job) : kvt_put_from(f->c, b, &job), 1);
+  int st = kvt_storage_wait(f->c, job, -1);
+  assert_int_equal(kvt_storage_results(f->c, job, results, n, n_ok), 0);
+  assert_int_equal(kvt_storage_release(f->c, job), 0);
+  return st;
+}
+
 static int do_batch(sfix *f, int get, uint32_t first, uint32_t n, int many, const uint32_t *tokens, uint32_t max,
                     int32_t *results, uint32_t *n_ok) {
   kvt_piece p[NB * NSEG];
@@ -117,13 +128,7 @@ static int do_batch(sfix *f, int get, uint32_t first, uint32_t n, int many, cons
   b.pieces = p;
   b.pieces_per_block = many ? NSEG : 1;
   b.max_blocks = max;
-  kvt_job job = 0;
-  int rc = get ? kvt_get_into(f->c, &b, &job) : kvt_put_from(f->c, &b, &job);
-  assert_int_equal(rc, 1);
-  int st = kvt_storage_wait(f->c, job, -1);
-  assert_int_equal(kvt_storage_results(f->c, job, results, n, n_ok), 0);
-  assert_int_equal(kvt_storage_release(f->c, job), 0);
-  return st;
+  return run_job(f, get, &b, n, results, n_ok);
 }
 
 static void fill_blocks(sfix *f, uint32_t n, uint64_t seed) {
@@ -734,12 +739,7 @@ static int pool_batch(sfix *f, pool *p, int get, uint32_t n, int many, const int
   bt.tokens = f->tokens;
   bt.pieces = pc;
   bt.pieces_per_block = ppb;
-  kvt_job job = 0;
-  assert_int_equal(get ? kvt_get_into(f->c, &bt, &job) : kvt_put_from(f->c, &bt, &job), 1);
-  int st = kvt_storage_wait(f->c, job, -1);
-  assert_int_equal(kvt_storage_results(f->c, job, res, n, ok), 0);
-  assert_int_equal(kvt_storage_release(f->c, job), 0);
-  return st;
+  return run_job(f, get, &bt, n, res, ok);
 }
 
 /* Aligned pieces of registered memory go to the file and back in one
@@ -1205,12 +1205,7 @@ static int pro_batch(sfix *f, pool *p, int get, uint32_t first, uint32_t n, uint
   bt.tokens = tokens;
   bt.pieces = pc;
   bt.flags = flags;
-  kvt_job job = 0;
-  assert_int_equal(get ? kvt_get_into(f->c, &bt, &job) : kvt_put_from(f->c, &bt, &job), 1);
-  int st = kvt_storage_wait(f->c, job, -1);
-  assert_int_equal(kvt_storage_results(f->c, job, res, n, ok), 0);
-  assert_int_equal(kvt_storage_release(f->c, job), 0);
-  return st;
+  return run_job(f, get, &bt, n, res, ok);
 }
 
 static int pro_match(sfix *f, pool *p, uint32_t b, uint64_t seed) {
