@@ -986,15 +986,16 @@ static void test_try_batch_never_waits(void **state) {
   free(w);
 }
 
-/* Queue depth 0 takes enough I/Os for 32 MiB of records at the disk (32 to
+/* Queue depth 0 takes enough I/Os for 16 MiB of records at the disk (32 to
  * 256 of them): small records keep the disk as busy as large ones. The
  * store then reads and writes at that depth like at any other. */
 static void test_default_queue_depth_follows_record_size(void **state) {
   fx *f = *state;
-  assert_int_equal(kvt__disk_auto_depth(2u << 20), 32);       /* 64 MiB: never under 32 */
+  assert_int_equal(kvt__disk_auto_depth(2u << 20), 32); /* 64 MiB: never under 32 */
   assert_int_equal(kvt__disk_auto_depth(1u << 20), 32);
-  assert_int_equal(kvt__disk_auto_depth(260u << 10), 126);
-  assert_int_equal(kvt__disk_auto_depth(64u << 10), 256);     /* 16 MiB: never over 256 */
+  assert_int_equal(kvt__disk_auto_depth(260u << 10), 63);
+  assert_int_equal(kvt__disk_auto_depth(64u << 10), 256);
+  assert_int_equal(kvt__disk_auto_depth(16u << 10), 256); /* never over 256 */
   assert_int_equal(kvt__disk_auto_depth(4096), 256);
   assert_int_equal(kvt__disk_auto_depth(0), 256);
   kvt__disk_close(f->d);
