@@ -2,9 +2,10 @@
  * verify) through the disk store, next to the disk's own ceiling measured
  * several ways in the same run, on the same file system:
  *
- *   u8, u32, u64   raw O_DIRECT io_uring at queue depth 8 / 32 / 64, whole
+ *   u8, u32, uD    raw O_DIRECT io_uring at queue depth 8 / 32 / D, whole
  *                  records into reused registered buffers of huge-page
- *                  memory (what the host tier allocates)
+ *                  memory (what the host tier allocates); D is the store's
+ *                  own depth when deeper than 64, else 64 (u64)
  *   u32a           the same at depth 32 with IOSQE_ASYNC (every request
  *                  punted to io_uring's workers)
  *   u32/4k         depth 32 into plain 4 KiB-page memory, unregistered
@@ -14,8 +15,9 @@
  *
  * The best of them is the limit (target 0.9); fpb16 gets its own row
  * (target 1.0). The store is kept as full as it lets itself be, as a
- * restore keeps it (try batches, resumed on done()): QD I/Os plus its
- * headroom for records being hashed. Rounds alternate the ways and the
+ * restore keeps it (try batches, resumed on done()): its default queue
+ * depth (enough I/Os for 16 MiB of records, at least 32) plus its headroom
+ * for records being hashed. Rounds alternate the ways and the
  * store, each round in a rotated order, so drift and the place in a round
  * hit all alike; each way and the store count by their median
  * round (a shared disk swings single rounds by several times). CPU time
@@ -42,11 +44,12 @@
 
 #include "bench.h"
 #include "dev/dev.h"
+#include "store/disk_internal.h" /* KVT_DISK_HANDOFF_BYTES */
 #include "store/disk_store.h"
 #include "util/clock.h"
 
-#define QD 32u       /* the store's queue depth: the engine's default */
-#define POOL_RECS 64u /* buffers: enough for the deepest raw way */
+#define QD 32u          /* the u32 ways' depth */
+#define MAX_POOL_RECS 512u /* buffers: the deepest raw way, or the store's ops, if more */
 #define FPB_THREADS 16u
 #define FPB_MAX_FILES 4096u
 #define BT 16u
@@ -60,20 +63,25 @@ typedef struct measure {
 /* The ways that make the limit, then u32+sum: u32 hashing every record on
  * its one thread (seal before a write, verify after a read), which shows
  * what checksums cost when they run in series behind the ring. */
-enum { W_U8, W_U32, W_U64, W_U32A, W_U32_4K, W_FPB, N_LIMIT_WAYS, W_U32_SUM = N_LIMIT_WAYS, N_WAYS };
-static const char *const way_name[N_WAYS] = {"u8", "u32", "u64", "u32a", "u32/4k", "fpb16", "u32+sum"};
+enum { W_U8, W_U32, W_UD, W_U32A, W_U32_4K, W_FPB, N_LIMIT_WAYS, W_U32_SUM = N_LIMIT_WAYS, N_WAYS };
+static const char *const way_names[N_WAYS] = {"u8", "u32", NULL, "u32a", "u32/4k", "fpb16", "u32+sum"};
 
 typedef struct run {
   char path[4096], fpb_dir[4096];
   uint64_t payload, rec, slots, fpb_files;
   double seconds;
-  char *pool;   /* POOL_RECS record images in huge-page memory, as the host tier has */
+  char *pool;   /* pool_recs record images in huge-page memory, as the host tier has */
   size_t pool_bytes;
+  uint32_t pool_recs; /* the deep way's depth, or the store's ops if more */
+  uint32_t deep;      /* the deep way's depth: the store's queue depth, at least 64 */
+  char deep_name[16]; /* "u64", "u256" */
   char *small;  /* QD records in 4 KiB pages */
   kvt__disk *d;
   int direct, huge;
-  uint32_t hashers, ops;
+  uint32_t hashers, ops, store_qd;
 } run;
+
+static const char *way_name(const run *r, int w) { return w == W_UD ? r->deep_name : way_names[w]; }
 
 static double cpu_now(void) {
   struct rusage ru;
@@ -243,7 +251,7 @@ static measure fpb_loop(run *r, int write) {
 static int fpb_setup(run *r) {
   if (mkdir(r->fpb_dir, 0755) && errno != EEXIST) return -errno;
   for (uint64_t i = 0; i < r->fpb_files; i++) {
-    int rc = fpb_one(r, i, r->pool + (i % POOL_RECS) * r->rec, 1);
+    int rc = fpb_one(r, i, r->pool + (i % r->pool_recs) * r->rec, 1);
     if (rc) return rc;
   }
   return 0;
@@ -263,7 +271,7 @@ static void fpb_cleanup(const run *r) {
 typedef struct store_loop {
   pthread_mutex_t m;
   pthread_cond_t c;
-  uint32_t free_idx[POOL_RECS], n_free;
+  uint32_t free_idx[MAX_POOL_RECS], n_free;
   uint64_t done, errors;
   int first_error;
 } store_loop;
@@ -314,17 +322,20 @@ static measure store_failed(int write, int status) {
 
 /* Keeps the store as full as it lets itself be for r->seconds (or `count`
  * ops), as a restore does: submit what fits (the try batches), resume when
- * done() hands buffers back. The store takes QD I/Os, plus its headroom for
- * records hashed on its checksum threads (kvt__disk_info.ops <= POOL_RECS). */
+ * done() hands buffers back. The store takes its queue depth of I/Os, plus
+ * its headroom for records hashed on its checksum threads (kvt__disk_info.ops
+ * <= pool_recs). */
 static measure store_loop_run(run *r, int write, uint64_t count) {
-  store_loop l = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, {0}, POOL_RECS, 0, 0, 0};
-  loop_arg args[POOL_RECS];
-  kvt__disk_io io[POOL_RECS];
-  uint32_t idx[POOL_RECS], back[POOL_RECS], n_back = 0;
-  for (uint32_t i = 0; i < POOL_RECS; i++) l.free_idx[i] = i, args[i] = (loop_arg){&l, i};
+  const uint32_t recs = r->pool_recs;
+  store_loop l = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, {0}, recs, 0, 0, 0};
+  loop_arg args[MAX_POOL_RECS];
+  kvt__disk_io io[MAX_POOL_RECS];
+  uint32_t idx[MAX_POOL_RECS], back[MAX_POOL_RECS], n_back = 0;
+  for (uint32_t i = 0; i < recs; i++) l.free_idx[i] = i, args[i] = (loop_arg){&l, i};
   int64_t t0 = kvt__now_ns(), end = t0 + (int64_t)(r->seconds * 1e9);
   double c0 = cpu_now();
   uint64_t next = 0, seen = 0;
+  int refused = 0;
   while (count ? next < count : kvt__now_ns() < end) {
     uint32_t n = loop_take(&l, back, n_back, seen, idx);
     n_back = 0;
@@ -338,23 +349,26 @@ static measure store_loop_run(run *r, int write, uint64_t count) {
     seen = loop_seen(&l);
     int q = write ? kvt__disk_try_write_batch(r->d, io, n, loop_done) : kvt__disk_try_read_batch(r->d, io, n, loop_done);
     for (uint32_t k = 0; k < n; k++) {
-      if (io[k].status == 0) continue;
-      if (io[k].status != KVT_EAGAIN) return store_failed(write, io[k].status);
-      back[n_back++] = idx[k];
+      if (io[k].status != 0) back[n_back++] = idx[k]; /* not taken */
+      if (io[k].status != 0 && io[k].status != KVT_EAGAIN && !refused) refused = io[k].status;
     }
-    if (q < 0) return store_failed(write, q);
+    if (q < 0 && !refused) refused = q;
+    if (refused) break;
     next += (uint32_t)q;
   }
+  /* Every buffer back before l leaves the stack: the store still calls
+   * done() for what it took, also after a refusal. */
   pthread_mutex_lock(&l.m);
   for (uint32_t i = 0; i < n_back; i++) l.free_idx[l.n_free++] = back[i];
-  while (l.n_free < POOL_RECS) pthread_cond_wait(&l.c, &l.m);
+  while (l.n_free < recs) pthread_cond_wait(&l.c, &l.m);
   pthread_mutex_unlock(&l.m);
+  if (refused) return store_failed(write, refused);
   if (l.errors) return store_failed(write, l.first_error);
   return finish(t0, c0, l.done * r->rec);
 }
 
 static void make_images(run *r) {
-  for (uint32_t i = 0; i < POOL_RECS; i++) {
+  for (uint32_t i = 0; i < r->pool_recs; i++) {
     char *rec = r->pool + (size_t)i * r->rec;
     kvt__record_hdr *h = (kvt__record_hdr *)rec;
     memset(h, 0, sizeof *h);
@@ -369,7 +383,7 @@ static int open_store_at(run *r, const char *path, int durable, kvt__disk **out)
   const void *bufs[1] = {r->pool};
   size_t lens[1] = {r->pool_bytes};
   kvt__disk_cfg c = {.path = path, .slots = r->slots, .block_tokens = BT, .payload_bytes = r->payload,
-                     .ns = {1, 2}, .queue_depth = QD, .backend = KVT_DISK_AUTO, .reset = 1,
+                     .ns = {1, 2}, .queue_depth = 0, .backend = KVT_DISK_AUTO, .reset = 1,
                      .bufs = bufs, .buf_lens = lens, .n_bufs = 1, .durable = durable};
   return kvt__disk_open(&c, out);
 }
@@ -382,6 +396,7 @@ static int open_store(run *r) {
     r->direct = in.direct;
     r->hashers = in.checksum_threads;
     r->ops = in.ops;
+    r->store_qd = in.queue_depth;
   }
   return rc;
 }
@@ -441,8 +456,8 @@ typedef struct side {
 } side;
 
 static measure way_run(run *r, int way, int write) {
-  static const raw_cfg cfg[] = {{8, 0, 0, 0}, {32, 0, 0, 0}, {64, 0, 0, 0}, {32, 1, 0, 0}, {32, 0, 1, 0},
-                                {0, 0, 0, 0}, {32, 0, 0, 1}};
+  raw_cfg cfg[] = {{8, 0, 0, 0}, {32, 0, 0, 0}, {r->deep, 0, 0, 0}, {32, 1, 0, 0}, {32, 0, 1, 0},
+                   {0, 0, 0, 0}, {32, 0, 0, 1}};
   return way == W_FPB ? fpb_loop(r, write) : raw_loop(r, &cfg[way], write);
 }
 
@@ -480,10 +495,10 @@ static int best_way(const side *s) {
 }
 
 /* Each way's median round, short enough for the table's note column. */
-static size_t ways_note(char *note, size_t n, const side *s) {
+static size_t ways_note(char *note, size_t n, const run *r, const side *s) {
   size_t used = 0;
   for (int w = 0; w < N_LIMIT_WAYS && used < n; w++)
-    used += (size_t)snprintf(note + used, n - used, "%s%s %.2f", w ? " " : "", way_name[w], s->way[w].gbs);
+    used += (size_t)snprintf(note + used, n - used, "%s%s %.2f", w ? " " : "", way_name(r, w), s->way[w].gbs);
   return used < n ? used : n;
 }
 
@@ -492,10 +507,10 @@ static void ways_detail(char *out, size_t n, const run *r, const side *s, hashin
                                  "%s; %s; pool in %s; store qd %u (%u ops), %u checksum threads;"
                                  " seal %.1f GB/s/core in cache, %.1f from memory; %d rounds, GB/s median (worst..best) cpu-s/GB:",
                                  which, r->direct ? "O_DIRECT" : "BUFFERED (O_DIRECT refused)",
-                                 r->huge ? "huge pages" : "4 KiB pages (no THP)", QD, r->ops, r->hashers, xxh.hot, xxh.cold,
+                                 r->huge ? "huge pages" : "4 KiB pages (no THP)", r->store_qd, r->ops, r->hashers, xxh.hot, xxh.cold,
                                  s->rounds);
   for (int w = 0; w < N_WAYS && used < n; w++)
-    used += (size_t)snprintf(out + used, n - used, " %s %.2f (%.2f..%.2f) %.3f;", way_name[w], s->way[w].gbs,
+    used += (size_t)snprintf(out + used, n - used, " %s %.2f (%.2f..%.2f) %.3f;", way_name(r, w), s->way[w].gbs,
                              s->way_lo[w].gbs, s->way_hi[w].gbs, s->way[w].cpu_per_gb);
   if (used < n)
     snprintf(out + used, n - used, " store %.2f (%.2f..%.2f) %.3f", s->store.gbs, s->store_lo.gbs,
@@ -511,8 +526,8 @@ static void shortfall(char *note, size_t n, const run *r, const side *s, int w) 
   else if (sum < 0.95 * lim)
     snprintf(note, n, "checksums need CPU time that the busy CPUs lack here: u32+sum %.2f", sum);
   else if (r->rec < (256u << 10))
-    snprintf(note, n, "a round trip per small record (%s %.2f)", way_name[w], lim);
-  else snprintf(note, n, "store overhead (%s %.2f); see --json", way_name[w], lim);
+    snprintf(note, n, "a round trip per small record (%s %.2f)", way_name(r, w), lim);
+  else snprintf(note, n, "store overhead (%s %.2f); see --json", way_name(r, w), lim);
 }
 
 static void emit(kvt_bench_rows *rows, const run *r, const char *what, const char *model, const side *s,
@@ -521,7 +536,7 @@ static void emit(kvt_bench_rows *rows, const run *r, const char *what, const cha
   int b = best_way(s);
   double lim = s->way[b].gbs, ratio = lim > 0 ? s->store.gbs / lim : 0;
   snprintf(name, sizeof name, "%s %s", what, model);
-  size_t used = ways_note(note, sizeof note, s);
+  size_t used = ways_note(note, sizeof note, r, s);
   if (ratio < 0.9 && used + 2 < sizeof note) {
     memcpy(note + used, "; ", 3);
     shortfall(note + used + 2, sizeof note - used - 2, r, s, b);
@@ -539,13 +554,24 @@ static void emit(kvt_bench_rows *rows, const run *r, const char *what, const cha
   kvt_bench_row(rows, name, "GB/s", s->store.gbs, s->way[W_FPB].gbs, 1.0, note);
   kvt_bench_row_detail(rows, detail);
   snprintf(name, sizeof name, "%s %s cpu", what, model);
-  snprintf(note, sizeof note, "lower is better; limit: %s; hashing alone %.3f in cache, %.3f from memory", way_name[b],
+  snprintf(note, sizeof note, "lower is better; limit: %s; hashing alone %.3f in cache, %.3f from memory", way_name(r, b),
            xxh.hot > 0 ? 1.0 / xxh.hot : 0, xxh.cold > 0 ? 1.0 / xxh.cold : 0);
   kvt_bench_row(rows, name, "cpu-s/GB", s->store.cpu_per_gb, s->way[b].cpu_per_gb, 0, note);
 }
 
+/* As deep as the store: its default depth, and the ops it may hold (its
+ * depth again for records hashed on its checksum threads). */
+static void size_pool(run *r) {
+  r->store_qd = kvt__disk_auto_depth(r->rec);
+  r->deep = r->store_qd > 64 ? r->store_qd : 64;
+  snprintf(r->deep_name, sizeof r->deep_name, "u%u", r->deep);
+  r->pool_recs = r->rec >= KVT_DISK_HANDOFF_BYTES ? 2 * r->store_qd : r->store_qd;
+  if (r->pool_recs < r->deep) r->pool_recs = r->deep;
+  if (r->pool_recs > MAX_POOL_RECS) r->pool_recs = MAX_POOL_RECS;
+}
+
 static int alloc_run(run *r) {
-  r->pool_bytes = POOL_RECS * r->rec;
+  r->pool_bytes = (size_t)r->pool_recs * r->rec;
   int rc = kvt__host_mem_alloc(r->pool_bytes, (void **)&r->pool); /* the host tier's allocator */
   if (rc) return rc;
   r->small = mmap(NULL, QD * r->rec, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -571,7 +597,8 @@ static int one_size(const kvt_bench_micro_opts *o, kvt_bench_rows *rows, const c
                     uint64_t payload, const char *model) {
   run r = {.payload = payload, .rec = kvt__record_bytes(BT, payload)};
   uint64_t file_bytes = o->quick ? (64ull << 20) : (1ull << 30);
-  r.slots = file_bytes / r.rec < POOL_RECS * 2 ? POOL_RECS * 2 : file_bytes / r.rec;
+  size_pool(&r);
+  r.slots = file_bytes / r.rec < r.pool_recs * 2 ? r.pool_recs * 2 : file_bytes / r.rec;
   r.fpb_files = r.slots < FPB_MAX_FILES ? r.slots : FPB_MAX_FILES;
   r.seconds = o->quick ? (o->seconds < 0.15 ? o->seconds : 0.15) : o->seconds * 0.6;
   snprintf(r.path, sizeof r.path, "%s/kvtier-bench-disk-%d.kvt", dir, (int)getpid());
@@ -610,7 +637,8 @@ static int one_size(const kvt_bench_micro_opts *o, kvt_bench_rows *rows, const c
 static int durable_row(const kvt_bench_micro_opts *o, kvt_bench_rows *rows, const char *dir) {
   run r = {.payload = 2u << 20, .rec = kvt__record_bytes(BT, 2u << 20)};
   uint64_t file_bytes = o->quick ? (64ull << 20) : (1ull << 30);
-  r.slots = file_bytes / r.rec < POOL_RECS * 2 ? POOL_RECS * 2 : file_bytes / r.rec;
+  size_pool(&r);
+  r.slots = file_bytes / r.rec < r.pool_recs * 2 ? r.pool_recs * 2 : file_bytes / r.rec;
   r.seconds = o->quick ? (o->seconds < 0.15 ? o->seconds : 0.15) : o->seconds * 0.6;
   char dpath[4200];
   snprintf(r.path, sizeof r.path, "%s/kvtier-bench-disk-%d.kvt", dir, (int)getpid());

@@ -986,6 +986,58 @@ static void test_try_batch_never_waits(void **state) {
   free(w);
 }
 
+/* Queue depth 0 takes enough I/Os for 16 MiB of records at the disk (32 to
+ * 256 of them): small records keep the disk as busy as large ones. The
+ * store then reads and writes at that depth like at any other. */
+static void test_default_queue_depth_follows_record_size(void **state) {
+  fx *f = *state;
+  assert_int_equal(kvt__disk_auto_depth(2u << 20), 32); /* 64 MiB: never under 32 */
+  assert_int_equal(kvt__disk_auto_depth(1u << 20), 32);
+  assert_int_equal(kvt__disk_auto_depth(260u << 10), 63);
+  assert_int_equal(kvt__disk_auto_depth(64u << 10), 256);
+  assert_int_equal(kvt__disk_auto_depth(16u << 10), 256); /* never over 256 */
+  assert_int_equal(kvt__disk_auto_depth(4096), 256);
+  assert_int_equal(kvt__disk_auto_depth(0), 256);
+  kvt__disk_close(f->d);
+  kvt__disk_cfg c = cfg_of(f, NS1);
+  c.queue_depth = 0;
+  assert_int_equal(kvt__disk_open(&c, &f->d), 0);
+  kvt__disk_info in;
+  kvt__disk_get_info(f->d, &in);
+  assert_int_equal(in.queue_depth, kvt__disk_auto_depth(f->rec_bytes));
+  assert_true(in.queue_depth > 8);
+  assert_true(in.ops >= in.queue_depth);
+  for (uint32_t i = 0; i < SLOTS; i++) assert_int_equal(write_sync(f, i, 700 + i), 0);
+  waiter *w = waiter_new();
+  kvt__disk_io io[SLOTS];
+  kvt_key keys[SLOTS];
+  memset(f->pool, 0, f->rec_bytes * SLOTS);
+  for (uint32_t i = 0; i < SLOTS; i++) {
+    keys[i] = key_of(700 + i);
+    g_ws[i] = (wslot){w, (int)i};
+    io[i] = (kvt__disk_io){.slot = i, .rec = host(f, i), .expected_key = &keys[i], .arg = &g_ws[i]};
+  }
+  pthread_mutex_lock(&w->m);
+  w->pending = SLOTS;
+  pthread_mutex_unlock(&w->m);
+  /* With the reaper held, a never-waiting batch takes as many reads as the
+   * disk may have: all of them (at depth 8 it took 8). */
+  reap_hold h = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+  kvt__fault_set(hold_hook, &h);
+  assert_int_equal(kvt__disk_try_read_batch(f->d, io, SLOTS, on_done), SLOTS);
+  pthread_mutex_lock(&h.m);
+  h.released = 1;
+  pthread_cond_broadcast(&h.c);
+  pthread_mutex_unlock(&h.m);
+  waiter_wait(w);
+  kvt__fault_set(NULL, NULL);
+  for (uint32_t i = 0; i < SLOTS; i++) {
+    assert_int_equal(w->status[i], 0);
+    assert_true(rec_ok(host(f, i), 700 + i));
+  }
+  free(w);
+}
+
 /* Records hashed on the checksum threads hold their op while hashed, so
  * the store takes its queue depth again: with the reaper held (every op
  * stays taken), a never-waiting batch queues 8 + 8, and each of those
@@ -1768,6 +1820,7 @@ static int run_suite(const char *name) {
       CASE(test_reaper_runs_while_checksums_are_held), CASE(test_newest_call_wins_with_parallel_sealing),
       CASE(test_submit_fault_of_a_sealed_write_reaches_done), CASE(test_flipped_byte_of_a_big_record),
       CASE(test_try_batch_never_waits), CASE(test_hashed_records_get_headroom),
+      CASE(test_default_queue_depth_follows_record_size),
       CASE(test_small_records_get_no_headroom), CASE(test_default_checksum_threads),
       CASE(test_eio_on_one_read_of_a_full_hashed_queue),
       CASE(test_disk_gets_queue_depth_and_refills_before_checksums),

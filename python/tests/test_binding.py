@@ -56,7 +56,7 @@ def test_config_defaults_land_in_their_fields():
     assert d["block_tokens"] == 16 and d["dtype"] == kvtier.Dtype.BF16
     assert (d["tp_rank"], d["tp_size"], d["tenant_salt"]) == (0, 1, 0)
     assert d["device"] == kvtier.Device.AUTO and d["disk_backend"] == kvtier.DiskBackend.AUTO
-    assert d["disk_queue_depth"] == 32 and d["write_policy"] == kvtier.WritePolicy.BACK
+    assert d["disk_queue_depth"] == 0 and d["write_policy"] == kvtier.WritePolicy.BACK
     assert (d["max_requests"], d["max_jobs"], d["max_job_blocks"]) == (1024, 256, 8192)
     assert d["model_fingerprint"] is None and d["disk_path"] is None
     lay = kvtier.layout_defaults()

@@ -33,7 +33,7 @@ void kvt_config_init(kvt_config *cfg) {
   cfg->tp_size = 1;
   cfg->device = KVT_DEVICE_AUTO;
   cfg->copy_threads = 0; /* one per available core */
-  cfg->disk_queue_depth = 32;
+  cfg->disk_queue_depth = 0; /* enough I/Os for 16 MiB of records */
   cfg->max_requests = 1024;
   cfg->max_jobs = 256;
   cfg->max_job_blocks = 8192;
@@ -57,7 +57,7 @@ static int config_ok(const kvt_config *cfg) {
   if (cfg->device < KVT_DEVICE_AUTO || cfg->device > KVT_DEVICE_CUDA) return 0;
   if (cfg->disk_backend < KVT_DISK_AUTO || cfg->disk_backend > KVT_DISK_THREADS) return 0;
   if (cfg->disk_path && !cfg->disk_blocks) return 0;
-  if (cfg->disk_queue_depth == 0 || cfg->disk_queue_depth > MAX_QUEUE_DEPTH) return 0;
+  if (cfg->disk_queue_depth > MAX_QUEUE_DEPTH) return 0;
   if (cfg->disk_blocks > UINT32_MAX - 1 || cfg->host_blocks > UINT32_MAX - 1) return 0;
   if (cfg->log_level < KVT_LOG_NONE || cfg->log_level > KVT_LOG_INFO) return 0;
   if (cfg->remote_url && (!cfg->remote_url[0] || cfg->host_blocks == 0)) return 0; /* remote blocks stage through the host */

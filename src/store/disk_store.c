@@ -38,7 +38,15 @@
 #include "store/disk_internal.h"
 #include "util/fault.h"
 
-#define DEFAULT_QUEUE_DEPTH 32u
+/* The default queue depth: I/Os enough for AUTO_INFLIGHT_BYTES of records
+ * at the disk, between AUTO_MIN_DEPTH and AUTO_MAX_DEPTH. A device reaches
+ * its bandwidth only with megabytes in flight, and 32 I/Os of small
+ * records are 2 MiB: 64 KiB records spilled at 0.69-0.74 of what raw
+ * io_uring wrote at depth 64 on the same disk, and at 0.96-1.06 with 256
+ * I/Os. Records of 1 MiB and more keep 32 (32 MiB or more in flight). */
+#define AUTO_INFLIGHT_BYTES (16u << 20)
+#define AUTO_MIN_DEPTH 32u
+#define AUTO_MAX_DEPTH 256u
 #define BATCH 64u                 /* requests prepared and submitted together */
 #define REAP_TIMEOUT_NS 200000000 /* wake to re-check stop and deferred SQ flushes */
 #define LOCK_TRIES 100            /* x 10 ms: a crashed owner's ring may still drain */
@@ -599,6 +607,11 @@ static int reaper_wait(kvt__disk *d) {
   return go;
 }
 
+uint32_t kvt__disk_auto_depth(uint64_t slot_bytes) {
+  uint64_t n = slot_bytes ? AUTO_INFLIGHT_BYTES / slot_bytes : AUTO_MAX_DEPTH;
+  return n < AUTO_MIN_DEPTH ? AUTO_MIN_DEPTH : n > AUTO_MAX_DEPTH ? AUTO_MAX_DEPTH : (uint32_t)n;
+}
+
 static void *reaper_main(void *arg) {
   kvt__disk *d = arg;
   tl_completing = d;
@@ -867,7 +880,7 @@ static kvt__disk *disk_new(const kvt__disk_cfg *c) {
   d->handoff = d->slot_bytes >= KVT_DISK_HANDOFF_BYTES;
   d->data_off = KVT_DISK_SUPER_BYTES;
   d->ns = c->ns;
-  d->queue_depth = c->queue_depth ? c->queue_depth : DEFAULT_QUEUE_DEPTH;
+  d->queue_depth = c->queue_depth ? c->queue_depth : kvt__disk_auto_depth(d->slot_bytes);
   d->depth = d->queue_depth + (d->handoff ? d->queue_depth * KVT_DISK_HASH_HEADROOM_MUL : 0) +
              (c->durable ? d->queue_depth : 0);
   d->bufs = c->bufs;
