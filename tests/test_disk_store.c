@@ -393,6 +393,66 @@ static void test_newest_copy_of_a_key_wins(void **state) {
   assert_true(found_slot(&r, 2, 31));
 }
 
+/* What on_record saw during an open's scan. */
+typedef struct seen_recs {
+  uint32_t n, with_tokens;
+  uint64_t seq_of_30[2];
+  uint32_t n_30;
+  int tokens_ok;
+} seen_recs;
+
+static void on_record_seen(void *arg, const kvt__record_hdr *h, const uint32_t *tokens) {
+  seen_recs *v = arg;
+  v->n++;
+  if (tokens) {
+    v->with_tokens++;
+    uint64_t seed = h->key.hi;
+    for (uint32_t t = 0; t < BT; t++)
+      if (tokens[t] != (uint32_t)(seed * 100 + t)) v->tokens_ok = 0;
+  }
+  if (h->key.hi == 30 && v->n_30 < 2) v->seq_of_30[v->n_30++] = h->seq;
+}
+
+/* An open's scan hands every record it keeps reading to on_record, with its
+ * checked header and its token ids (NULL for a record without them), older
+ * copies of a key included (their seq tells them apart); a damaged record
+ * and an empty slot are not handed over. */
+static void test_the_scan_hands_each_record_to_on_record(void **state) {
+  fx *f = *state;
+  assert_int_equal(write_sync(f, 1, 30), 0);
+  assert_int_equal(write_sync(f, 2, 30), 0); /* same key, later seq */
+  assert_int_equal(write_sync(f, 3, 40), 0);
+  make_rec(host(f, 0), 41);
+  kvt__record_hdr *h = host(f, 0);
+  h->flags = 0; /* no tokens */
+  h->token_count = 0;
+  waiter *w = waiter_new();
+  assert_int_equal(write_async(f, w, 4, 0), 0);
+  waiter_wait(w);
+  assert_int_equal(w->status[0], 0);
+  free(w);
+  assert_int_equal(write_sync(f, 5, 42), 0);
+  kvt__disk_close(f->d);
+  int fd = open(f->path, O_RDWR); /* slot 5's header damaged */
+  assert_true(fd >= 0);
+  char b = 0x5a;
+  assert_int_equal(pwrite(fd, &b, 1, 4096 + 5 * (off_t)f->rec_bytes + 40), 1);
+  close(fd);
+  seen_recs v = {.tokens_ok = 1};
+  kvt__disk_cfg c = cfg_of(f, NS1);
+  c.recover_headers_only = 1;
+  c.on_record = on_record_seen;
+  c.on_record_arg = &v;
+  assert_int_equal(kvt__disk_open(&c, &f->d), 0);
+  assert_int_equal(v.n, 4);
+  assert_int_equal(v.with_tokens, 3);
+  assert_true(v.tokens_ok);
+  assert_int_equal(v.n_30, 2);
+  assert_true(v.seq_of_30[0] != v.seq_of_30[1]);
+  found r = recover(f, NULL);
+  assert_int_equal(r.n, 3); /* key 30 once (the newer), 40, 41 */
+}
+
 static void test_seq_keeps_growing_across_reopen(void **state) {
   fx *f = *state;
   assert_int_equal(write_sync(f, 1, 50), 0);
@@ -1821,6 +1881,7 @@ static int run_suite(const char *name) {
       CASE(test_submit_fault_of_a_sealed_write_reaches_done), CASE(test_flipped_byte_of_a_big_record),
       CASE(test_try_batch_never_waits), CASE(test_hashed_records_get_headroom),
       CASE(test_default_queue_depth_follows_record_size),
+      CASE(test_the_scan_hands_each_record_to_on_record),
       CASE(test_small_records_get_no_headroom), CASE(test_default_checksum_threads),
       CASE(test_eio_on_one_read_of_a_full_hashed_queue),
       CASE(test_disk_gets_queue_depth_and_refills_before_checksums),

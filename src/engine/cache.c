@@ -333,6 +333,7 @@ static int open_disk(kvt_cache *c) {
                       .backend = c->cfg.disk_backend, .reset = c->cfg.disk_reset,
                       .bufs = c->disk_bufs, .buf_lens = c->disk_buf_lens, .n_bufs = c->host.base ? 1 : 0,
                       .recover_headers_only = 1, .durable = c->cfg.disk_durable,
+                      .on_record = kvt__object_on_record, .on_record_arg = c,
                       .detail = why, .detail_len = sizeof why};
   int rc = kvt__disk_open(&dc, &c->disk);
   if (rc == KVT_ENAMESPACE && !c->cfg.disk_reset && kvt__disk_side_file_ok(c->disk_path)) {

@@ -132,10 +132,11 @@ static void spills_wait(kvt_cache *c, const kvt_key *keys, uint32_t n) {
 
 /* Runs opaque-keyed storage batches of n parts (ppb pieces each) and waits:
  * split between the storage workers, which copy (and read) in parallel. */
-static int run_parts(kvt_cache *c, int get, const kvt_key *keys, const kvt_piece *pieces, uint32_t n, uint32_t ppb) {
+static int run_parts(kvt_cache *c, int get, const kvt_key *keys, const kvt_piece *pieces, uint32_t n, uint32_t ppb,
+                     const uint32_t *tokens) {
   enum { MAX_SPLIT = 4 };
   uint32_t split = c->storage && c->storage->n_workers < MAX_SPLIT ? c->storage->n_workers : MAX_SPLIT;
-  if (n < 4 * split) split = 1; /* a few parts: one job's overhead is less */
+  if (n < 4 * split || tokens) split = 1; /* a few parts: one job's overhead is less */
   kvt_job jobs[MAX_SPLIT];
   uint32_t first[MAX_SPLIT + 1], started = 0;
   int rc = 0;
@@ -148,6 +149,7 @@ static int run_parts(kvt_cache *c, int get, const kvt_key *keys, const kvt_piece
     b.pieces = pieces + (size_t)first[started] * ppb;
     b.pieces_per_block = ppb;
     b.flags = KVT_KEYS_OPAQUE;
+    b.tokens = tokens; /* n * block_tokens ids (one job), or NULL */
     int s = get ? kvt__get_into_part(c, &b, &jobs[started]) : kvt_put_from(c, &b, &jobs[started]);
     if (s != 1) {
       rc = s;
@@ -353,6 +355,7 @@ static void object_pieces(object_io *io, int part_read) {
 
 typedef struct memo_entry {
   object_header h;
+  uint64_t seq; /* its part 0 record's, when a reopen found it there; else 0 */
   uint8_t used;
 } memo_entry;
 
@@ -383,6 +386,16 @@ static void memo_put(kvt_cache *c, const object_header *h) {
   pthread_mutex_lock(&c->lock);
   memo_entry *m = memo_slot(c, &h->key, 1);
   if (m) *m = (memo_entry){.h = *h, .used = 1};
+  pthread_mutex_unlock(&c->lock);
+}
+
+/* A header a reopen found in a part 0 record: the newest of a key wins,
+ * as the newest record of a key does. */
+static void memo_put_found(kvt_cache *c, const object_header *h, uint64_t seq) {
+  pthread_mutex_lock(&c->lock);
+  memo_entry *m = memo_slot(c, &h->key, 1);
+  if (m && !(m->used && kvt__key_eq(&m->h.key, &h->key) && m->seq > seq))
+    *m = (memo_entry){.h = *h, .seq = seq, .used = 1};
   pthread_mutex_unlock(&c->lock);
 }
 
@@ -471,6 +484,25 @@ static int p0_take(kvt_cache *c, const kvt_object_info *info, const kvt_key *k0,
   return 1;
 }
 
+/* Part 0 is put with the object's header as its token ids (an opaque
+ * part has none of its own): its record's token checksum covers them, and
+ * a reopen, which reads every record's header and token ids, remembers the
+ * object from them, so that finding it after a restart reads nothing from
+ * disk. A header taken here is checked as find's own are: every part must
+ * be in a tier, and the get reads part 0 and checks the parts it reads. */
+void kvt__object_on_record(void *cache, const kvt__record_hdr *rh, const uint32_t *tokens) {
+  kvt_cache *c = cache;
+  size_t block = kvt_block_bytes(c);
+  if (!tokens || (size_t)rh->token_count * sizeof *tokens < HEADER_BYTES || !block) return;
+  object_header h;
+  memcpy(&h, tokens, HEADER_BYTES);
+  if (h.magic != OBJECT_MAGIC || h.bytes == 0 || h.bytes > MAX_OBJECT_BYTES || h.parts != parts_for(h.bytes, block))
+    return;
+  kvt_key k0;
+  kvt__object_part_keys(c, &h.key, 0, 1, &k0);
+  if (kvt__key_eq(&k0, &rh->key)) memo_put_found(c, &h, rh->seq);
+}
+
 void kvt__object_memo_free(kvt_cache *c) {
   if (c->objects) free(c->objects->p0.mem);
   free(c->objects);
@@ -533,8 +565,13 @@ int kvt_object_put(kvt_cache *c, const uint32_t *tokens, size_t n_tokens, const 
   /* The header's part last, so that a reader never finds it before the
    * rest. A part skipped (another put under the key claimed it since the
    * check above) leaves a mix of two puts: removed, KVT_EAGAIN. */
-  if (h.parts > 1) rc = run_parts(c, 0, io.keys + 1, io.p + PIECES, h.parts - 1, PIECES);
-  if (rc == 0) rc = run_parts(c, 0, io.keys, io.p, 1, PIECES);
+  if (h.parts > 1) rc = run_parts(c, 0, io.keys + 1, io.p + PIECES, h.parts - 1, PIECES, NULL);
+  if (rc == 0) {
+    uint32_t *t0 = calloc(c->bt, sizeof *t0); /* block_tokens >= 16: the header's 64 bytes fit */
+    if (!t0) rc = -ENOMEM;
+    else memcpy(t0, &h, HEADER_BYTES), rc = run_parts(c, 0, io.keys, io.p, 1, PIECES, t0);
+    free(t0);
+  }
   if (rc == KVT_EAGAIN) remove_parts(c, &h.key, h.parts);
   if (rc) goto out;
   /* Parts evicted by the object's own later parts: larger than the tiers. */
@@ -602,7 +639,7 @@ static int read_header(kvt_cache *c, const kvt_key *key, const part_scratch *s, 
   if (from_disk) {
     kvt_piece p = {.ptr = s->mem, .len = block};
     if (s->r != KVT_REGION_NONE) p = (kvt_piece){.region = s->r, .len = block};
-    if ((rc = run_parts(c, 1, &k0, &p, 1, 1)) != 0) return rc;
+    if ((rc = run_parts(c, 1, &k0, &p, 1, 1, NULL)) != 0) return rc;
     memcpy(h, s->mem, HEADER_BYTES);
     memcpy(&t, s->mem + HEADER_BYTES, TRAILER_BYTES);
   }
@@ -710,8 +747,8 @@ int kvt_object_get(kvt_cache *c, const kvt_object_info *info, const uint32_t *to
    * other parts from the tiers. */
   int kept = p0_take(c, info, &io.keys[0], &io);
 again:
-  if (kept && parts > 1) rc = run_parts(c, 1, io.keys + 1, io.p + PIECES, parts - 1, PIECES);
-  else if (!kept) rc = run_parts(c, 1, io.keys, io.p, parts, PIECES);
+  if (kept && parts > 1) rc = run_parts(c, 1, io.keys + 1, io.p + PIECES, parts - 1, PIECES, NULL);
+  else if (!kept) rc = run_parts(c, 1, io.keys, io.p, parts, PIECES, NULL);
   if (rc != 0) {
     if (rc == KVT_ECORRUPT) remove_parts(c, &info->key, parts);
     else memo_drop(c, &info->key);

@@ -158,6 +158,8 @@ struct kvt__disk {
   uint64_t n_found, n_found_total, discarded, superseded, max_seq;
   int recovered;
   int recover_headers_only;
+  void (*on_record)(void *arg, const kvt__record_hdr *h, const uint32_t *tokens); /* cfg's, open only */
+  void *on_record_arg;
 
   /* Open-time state (disk_recover.c). */
   const char *path;         /* cfg's, valid during kvt__disk_open only */

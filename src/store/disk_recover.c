@@ -337,6 +337,8 @@ static void scan_done(kvt__disk *d, pass *p, uint64_t slot, const void *buf, int
   }
   if (h.seq > d->max_seq) d->max_seq = h.seq;
   d->found[d->n_found++] = (disk_found){slot, h.seq, h.key, h.parent};
+  if (d->on_record)
+    d->on_record(d->on_record_arg, &h, h.flags & KVT_RECORD_F_TOKENS ? kvt__record_tokens((void *)(uintptr_t)buf) : NULL);
 }
 
 /* Same key together, newest seq first. */

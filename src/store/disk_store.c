@@ -887,6 +887,8 @@ static kvt__disk *disk_new(const kvt__disk_cfg *c) {
   d->buf_lens = c->buf_lens;
   d->n_bufs = c->n_bufs;
   d->recover_headers_only = c->recover_headers_only;
+  d->on_record = c->on_record;
+  d->on_record_arg = c->on_record_arg;
   d->durable = c->durable;
   d->path = c->path;
   d->detail = c->detail;

@@ -83,6 +83,13 @@ typedef struct kvt__disk_cfg {
   int recover_headers_only;  /* 1: recovery reads each slot's header and tokens
                                 only (fast on huge files); payloads are still
                                 verified on read */
+  /* Optional: called by the open's recovery for every record it keeps
+   * reading (header and token checksums passed), with its header and token
+   * ids (NULL without KVT_RECORD_F_TOKENS), before older copies of a key
+   * are dropped: a caller keeping something per key keeps the newest seq.
+   * On the opening thread, one record at a time. */
+  void (*on_record)(void *arg, const kvt__record_hdr *h, const uint32_t *tokens);
+  void *on_record_arg;
   int durable;               /* 1: a write or tombstone reports done() only after an
                                 fdatasync issued after its I/O completed returned
                                 (one per group of completions): it survives power
