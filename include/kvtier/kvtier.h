@@ -1077,9 +1077,11 @@ KVT_API int kvt_object_put(kvt_cache *c, const uint32_t *tokens, size_t n_tokens
  * whole (every part in a tier, the header readable and its tokens equal to
  * the caller's) and describes it in *info. Returns 0 found, KVT_EMISS when
  * no prefix has one, or the errors of kvt_object_put. Reads the first part
- * of each candidate, unless this cache put that object or read its header
- * before (it remembers the headers of recent objects, checked against the
- * tiers at every find; get checks them again). The part 0 it last read
+ * of each candidate, unless this cache put that object, read its header
+ * before, or found it in the disk tier's records when it opened (part 0's
+ * record carries the header as its token ids: a find after a restart reads
+ * nothing from disk). It remembers the headers of recent objects, checked
+ * against the tiers at every find; get checks them again. The part 0 it last read
  * from disk (its record's checksum passed) is kept for the get that
  * follows, which takes it instead of reading it again when it names the
  * same object (key and put) and that part is still in a tier; a put or a
