@@ -7,6 +7,7 @@
  * page, and page-aligned buffers move straight between the file and the
  * caller's memory); buffers that are not page-aligned, or that cannot be
  * registered, go through staging. */
+#include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -192,6 +193,11 @@ static void a_second_put_is_kept_and_remove_forgets(void **s) {
   conversation(tokens, NTOK, 4);
   put_pattern(c, tokens, 4 * BT, 20000, 1, 0);
   put_pattern(c, tokens, 4 * BT + 3, 30000, 2, 1); /* same key: kept as it is */
+  get_exact(c, tokens, 4 * BT, 20000, 1, KVT_TIER_HOST);
+  /* Also when the second is of more parts (its own part keys are not all
+   * stored) or fewer. */
+  put_pattern(c, tokens, 4 * BT + 5, 5 * per_part() + 1, 3, 1);
+  put_pattern(c, tokens, 4 * BT + 7, 100, 4, 1);
   get_exact(c, tokens, 4 * BT, 20000, 1, KVT_TIER_HOST);
   assert_int_equal(kvt_object_remove(c, tokens, 4 * BT + 3), 0);
   find(c, tokens, NTOK, KVT_EMISS);
@@ -611,6 +617,181 @@ static void a_put_while_another_call_holds_a_part_is_eagain(void **s) {
   kvt_close(c);
 }
 
+/* The token ids of the first record on disk that has any: an object's
+ * part 0, whose token ids are its object's header. 1 when found. */
+static int part0_tokens_on_disk(uint64_t slots, uint32_t *out) {
+  size_t rec = kvt__record_bytes(BT, BLOCK);
+  int fd = open(path, O_RDONLY);
+  assert_true(fd >= 0);
+  int found = 0;
+  for (uint64_t slot = 0; slot < slots && !found; slot++) {
+    char prefix[KVT_RECORD_HDR_BYTES + BT * 4];
+    assert_int_equal(pread(fd, prefix, sizeof prefix, 4096 + (off_t)slot * (off_t)rec), (ssize_t)sizeof prefix);
+    kvt__record_hdr h;
+    memcpy(&h, prefix, sizeof h);
+    if (h.magic != KVT_RECORD_MAGIC || !(h.flags & KVT_RECORD_F_TOKENS)) continue;
+    memcpy(out, prefix + KVT_RECORD_HDR_BYTES, BT * 4);
+    found = 1;
+  }
+  close(fd);
+  return found;
+}
+
+/* A block stored under an object's part-0 key with a whole object header
+ * for token ids (the header a real put wrote there, that object removed
+ * since), but with other bytes: a reopen remembers the header from the
+ * token ids and find names the object, and the get refuses it (part 0's
+ * bytes hold no header) and drops it. No byte of the block is ever
+ * returned as the object; a real put serves again. */
+static void a_block_that_looks_like_a_part_0_is_refused(void **s) {
+  (void)s;
+  kvt_cache *c = open_objects(0, 16, 1, KVT_LAYOUT_STORAGE); /* parts go straight to disk */
+  uint32_t tokens[NTOK], header[BT];
+  conversation(tokens, NTOK, 140);
+  const size_t len = per_part() / 2; /* one part */
+  put_pattern(c, tokens, NTOK, len, 141, 0);
+  assert_int_equal(kvt_drain(c), 0);
+  assert_true(part0_tokens_on_disk(16, header));
+  assert_int_equal(kvt_object_remove(c, tokens, NTOK), 0);
+  kvt_key keys[NTOK / BT], p0;
+  size_t n_keys = 0;
+  assert_int_equal(kvt_hash_tokens(c, NULL, tokens, NTOK, keys, NTOK / BT, &n_keys), 0);
+  kvt__object_part_keys(c, &keys[n_keys - 1], 0, 1, &p0);
+  char *junk = alloc_buf(BLOCK);
+  kvt_test_fill(junk, BLOCK, 142);
+  kvt_piece piece = {.ptr = junk, .len = BLOCK};
+  kvt_batch b;
+  kvt_batch_init(&b);
+  b.n_blocks = 1;
+  b.keys = &p0;
+  b.tokens = header;
+  b.pieces = &piece;
+  b.pieces_per_block = 1;
+  b.flags = KVT_KEYS_OPAQUE;
+  kvt_job job = 0;
+  assert_int_equal(kvt_put_from(c, &b, &job), 1);
+  assert_int_equal(kvt_storage_wait(c, job, -1), 0);
+  assert_int_equal(kvt_storage_release(c, job), 0);
+  assert_int_equal(kvt_drain(c), 0);
+  kvt_close(c);
+  c = open_objects(0, 16, 0, KVT_LAYOUT_STORAGE);
+  kvt_object_info info = find(c, tokens, NTOK, 0); /* from the remembered header: a hint */
+  assert_int_equal(info.bytes, len);
+  char *buf = alloc_buf(BLOCK);
+  memset(buf, 0, BLOCK);
+  assert_int_equal(kvt_object_get(c, &info, tokens, buf, BLOCK), KVT_ECORRUPT);
+  find(c, tokens, NTOK, KVT_EMISS);
+  put_pattern(c, tokens, NTOK, len, 143, 0);
+  get_exact(c, tokens, NTOK, len, 143, KVT_TIER_DISK);
+  free(junk);
+  free(buf);
+  kvt_close(c);
+}
+
+/* Two threads put objects of the same tokens at once, each of its own
+ * bytes and length. Each put stores its object (0), finds one stored (1),
+ * says another put of the key is in progress (KVT_EAGAIN) or that the
+ * small host tier had no room at the moment (KVT_ENOSPACE); never both 0.
+ * What is stored after is one put's object whole, never a mix; and after
+ * a put that stored, something is stored. Parts spill from a small host
+ * tier to disk meanwhile (write-back). */
+typedef struct racer {
+  kvt_cache *c;
+  const uint32_t *tokens;
+  size_t len;
+  uint64_t seed;
+  pthread_barrier_t *start;
+  int rc;
+} racer;
+
+static void *race_put(void *arg) {
+  racer *r = arg;
+  void *buf = NULL;
+  if (posix_memalign(&buf, PAGE, r->len)) {
+    r->rc = -ENOMEM;
+    pthread_barrier_wait(r->start);
+    return NULL;
+  }
+  kvt_test_fill(buf, r->len, r->seed);
+  pthread_barrier_wait(r->start);
+  r->rc = kvt_object_put(r->c, r->tokens, NTOK, buf, r->len);
+  free(buf);
+  return NULL;
+}
+
+static void racing_puts_of_one_key_store_one_whole_object(void **s) {
+  (void)s;
+  kvt_cache *c = open_objects(8, 64, 1, KVT_LAYOUT_STORAGE);
+  uint32_t tokens[NTOK];
+  const size_t lens[2] = {3 * per_part() + 11, 2 * per_part() + 7};
+  char *buf = alloc_buf(lens[0]);
+  int outcomes[3] = {0}; /* rounds with a put stored, with KVT_EAGAIN, with nothing stored */
+  for (uint32_t round = 0; round < 40; round++) {
+    conversation(tokens, NTOK, 150 + round % 4);
+    pthread_barrier_t start;
+    pthread_barrier_init(&start, NULL, 2);
+    racer r[2];
+    pthread_t th[2];
+    for (int k = 0; k < 2; k++) {
+      r[k] = (racer){c, tokens, lens[k], 1000 + 2 * round + (uint64_t)k, &start, -1};
+      assert_int_equal(pthread_create(&th[k], NULL, race_put, &r[k]), 0);
+    }
+    for (int k = 0; k < 2; k++) pthread_join(th[k], NULL);
+    pthread_barrier_destroy(&start);
+    int stored = 0;
+    for (int k = 0; k < 2; k++) {
+      int ok = r[k].rc == 0 || r[k].rc == 1 || r[k].rc == KVT_EAGAIN || r[k].rc == KVT_ENOSPACE;
+      if (!ok) fail_msg("round %u put %d: %d", round, k, r[k].rc);
+      stored += r[k].rc == 0;
+      outcomes[1] += r[k].rc == KVT_EAGAIN;
+    }
+    assert_true(stored <= 1);
+    outcomes[0] += stored;
+    kvt_object_info info = {.size = sizeof info};
+    int rc = kvt_object_find(c, tokens, NTOK, &info);
+    if (stored && rc != 0) fail_msg("round %u: puts %d and %d, then find %d", round, r[0].rc, r[1].rc, rc);
+    if (rc == 0) {
+      int k = info.bytes == lens[0] ? 0 : 1;
+      assert_int_equal(info.bytes, lens[k]);
+      assert_int_equal(kvt_object_get(c, &info, tokens, buf, lens[0]), 0);
+      assert_true(kvt_test_check(buf, lens[k], r[k].seed));
+      assert_int_equal(kvt_object_remove(c, tokens, NTOK), 0);
+    } else {
+      assert_int_equal(rc, KVT_EMISS);
+      outcomes[2]++;
+    }
+    assert_int_equal(kvt_drain(c), 0);
+  }
+  print_message("racing puts: %d stored, %d told KVT_EAGAIN, %d rounds with nothing stored\n", outcomes[0],
+                outcomes[1], outcomes[2]);
+  free(buf);
+  kvt_close(c);
+}
+
+/* Write-back: parts spilled from RAM by later puts and then damaged on
+ * disk are refused by the get (KVT_ECORRUPT) and dropped; the object whose
+ * parts are in RAM is untouched. */
+static void parts_spilled_from_ram_and_damaged_on_disk_are_refused(void **s) {
+  (void)s;
+  kvt_cache *c = open_objects(4, 16, 1, KVT_LAYOUT_STORAGE);
+  uint32_t a[NTOK], b[NTOK];
+  conversation(a, NTOK, 160);
+  conversation(b, NTOK, 161);
+  const size_t len = 2 * per_part() + 99; /* three parts */
+  put_pattern(c, a, NTOK, len, 162, 0);
+  put_pattern(c, b, NTOK, len, 163, 0); /* four host blocks: two of a's parts spill */
+  assert_int_equal(kvt_drain(c), 0);
+  kvt_object_info info = find(c, a, NTOK, 0);
+  assert_int_equal(info.tier, KVT_TIER_DISK);
+  flip_every_payload(16);
+  char *buf = alloc_buf(len);
+  assert_int_equal(kvt_object_get(c, &info, a, buf, len), KVT_ECORRUPT);
+  find(c, a, NTOK, KVT_EMISS);
+  get_exact(c, b, NTOK, len, 163, KVT_TIER_HOST);
+  free(buf);
+  kvt_close(c);
+}
+
 /* The first storage completion stalls for 300 ms (not waiting for the
  * test: a call that waits for it returns); slow_started tells it began. */
 static atomic_int slow_armed, slow_started;
@@ -810,6 +991,9 @@ int main(void) {
       cmocka_unit_test(the_last_part_is_read_no_further_than_the_object),
       cmocka_unit_test(a_put_while_another_call_holds_a_part_is_eagain),
       cmocka_unit_test(an_object_removed_while_its_disk_copies_are_written_is_put_again),
+      cmocka_unit_test(a_block_that_looks_like_a_part_0_is_refused),
+      cmocka_unit_test(racing_puts_of_one_key_store_one_whole_object),
+      cmocka_unit_test(parts_spilled_from_ram_and_damaged_on_disk_are_refused),
       cmocka_unit_test(bad_arguments),
   };
   int failed = cmocka_run_group_tests_name("parts of 16 KiB", tests, small_parts, NULL);

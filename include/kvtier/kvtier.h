@@ -1062,9 +1062,10 @@ typedef struct kvt_object_info {
  * (n_tokens >= block_tokens; the key is that of the last full block).
  * Returns 0 stored, 1 when an object is already stored under that key
  * (kept as it is: kvt_object_remove first to replace it), KVT_EAGAIN
- * (another call holds parts of that key: a get reading them, a put
- * writing them; nothing of this put is kept, put again later: written
- * meanwhile, the object would hold parts of two puts, which gets refuse),
+ * (another kvt_object_put of that key is in progress in this cache, or
+ * another call holds parts of that key, a get reading them; nothing of
+ * this put is kept, put again later: of puts of one key racing, one
+ * stores its object whole),
  * or -EINVAL, KVT_ELAYOUT, KVT_ESTATE (not a storage-mode cache), -E2BIG,
  * -ENOMEM, KVT_ENOSPACE (the tiers cannot hold every part at once;
  * nothing is kept), or a part's error. data is read during the call only. Its parts

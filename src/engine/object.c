@@ -372,9 +372,20 @@ typedef struct kept_part0 {
   uint8_t used;
 } kept_part0;
 
+/* An object put in progress, on its caller's stack: a second put of the
+ * same key meanwhile is KVT_EAGAIN before it touches a part. Two puts that
+ * both went on would each find parts of the other's (claimed, or already
+ * stored) and the one that gave up would remove the key's parts, the other
+ * put's included: that put said it stored its object, and nothing was. */
+typedef struct put_claim {
+  kvt_key key;
+  struct put_claim *next;
+} put_claim;
+
 struct kvt__object_memo {
   memo_entry e[MEMO_SLOTS];
   kept_part0 p0;
+  put_claim *puts; /* in progress */
 };
 
 static memo_entry *memo_slot(kvt_cache *c, const kvt_key *key, int make) {
@@ -519,6 +530,35 @@ static uint64_t put_nonce(kvt_cache *c, const kvt_key *key) {
   return kvt__xxh3_64(in, sizeof in, c->salt);
 }
 
+/* 0 with *me linked in as the put of key, or KVT_EAGAIN when a put of it is in progress. */
+static int put_claim_take(kvt_cache *c, const kvt_key *key, put_claim *me) {
+  int rc = 0;
+  pthread_mutex_lock(&c->lock);
+  memo_slot(c, key, 1);
+  if (!c->objects) rc = -ENOMEM;
+  for (const put_claim *p = c->objects ? c->objects->puts : NULL; p && !rc; p = p->next)
+    if (kvt__key_eq(&p->key, key)) rc = KVT_EAGAIN;
+  if (rc == 0) {
+    *me = (put_claim){*key, c->objects->puts};
+    c->objects->puts = me;
+  }
+  pthread_mutex_unlock(&c->lock);
+  return rc;
+}
+
+static void put_claim_drop(kvt_cache *c, put_claim *me) {
+  pthread_mutex_lock(&c->lock);
+  for (put_claim **p = &c->objects->puts; *p; p = &(*p)->next)
+    if (*p == me) {
+      *p = me->next;
+      break;
+    }
+  pthread_mutex_unlock(&c->lock);
+}
+
+static int object_put(kvt_cache *c, object_header h, const void *data, size_t len);
+static int whole_object_stored(kvt_cache *c, const kvt_key *key);
+
 int kvt_object_put(kvt_cache *c, const uint32_t *tokens, size_t n_tokens, const void *data, size_t len) {
   if (!c || !tokens || !data || len == 0 || len > MAX_OBJECT_BYTES) return -EINVAL;
   kvt_key *keys = NULL;
@@ -534,19 +574,32 @@ int kvt_object_put(kvt_cache *c, const uint32_t *tokens, size_t n_tokens, const 
                      .parts = parts_for(len, block)};
   free(keys);
   if (!h.parts) return -EINVAL;
+  put_claim me;
+  if ((rc = put_claim_take(c, &h.key, &me)) != 0) return rc;
+  rc = object_put(c, h, data, len);
+  put_claim_drop(c, &me);
+  return rc;
+}
+
+/* kvt_object_put of header h's object, the only put of its key in progress. */
+static int object_put(kvt_cache *c, object_header h, const void *data, size_t len) {
+  size_t block = kvt_block_bytes(c);
+  int rc;
   object_io io = {0};
   if ((rc = io_alloc(c, &io, (char *)(uintptr_t)data, len, block)) != 0) goto out;
   kvt__object_part_keys(c, &h.key, 0, h.parts, io.keys);
   kvt_lookup_result res = {.size = sizeof res};
   if ((rc = kvt_exists(c, NULL, io.keys, h.parts, KVT_KEYS_OPAQUE, &res, NULL)) != 0) goto out;
-  if (res.n_prefix == h.parts) {
+  /* An object stored whole under the key, of this length or another: kept. */
+  if (res.n_prefix == h.parts || (res.n_prefix > 0 && whole_object_stored(c, &h.key))) {
     rc = 1;
     goto out;
   }
   /* Parts left by an object partly evicted would be skipped by the put. A
-   * part the removal leaves is another call's (a get reading it, a put
-   * writing it): written now, the object would hold parts of two puts,
-   * which every get refuses. So not now: KVT_EAGAIN, nothing written. */
+   * part the removal leaves is another call's (a get reading it, a block
+   * put under a part's key): written now, the object would hold parts of
+   * two puts, which every get refuses. So not now: KVT_EAGAIN, nothing
+   * written. */
   memo_drop(c, &h.key);
   spills_wait(c, io.keys, h.parts);
   kvt_remove(c, io.keys, h.parts, NULL);
@@ -563,8 +616,8 @@ int kvt_object_put(kvt_cache *c, const uint32_t *tokens, size_t n_tokens, const 
   memcpy(io.tail, (const char *)data + tail_off, tail_len);
   object_pieces(&io, 0);
   /* The header's part last, so that a reader never finds it before the
-   * rest. A part skipped (another put under the key claimed it since the
-   * check above) leaves a mix of two puts: removed, KVT_EAGAIN. */
+   * rest. A part skipped (another call claimed its key since the check
+   * above) would leave a mix: what this put wrote is removed, KVT_EAGAIN. */
   if (h.parts > 1) rc = run_parts(c, 0, io.keys + 1, io.p + PIECES, h.parts - 1, PIECES, NULL);
   if (rc == 0) {
     uint32_t *t0 = calloc(c->bt, sizeof *t0); /* block_tokens >= 16: the header's 64 bytes fit */
@@ -670,6 +723,18 @@ static int parts_present(kvt_cache *c, const struct object_header *h, uint32_t *
   free(pk);
   free(tiers);
   return rc;
+}
+
+/* 1 when the object filed under key is stored whole (its header readable,
+ * every part in a tier), as find would have it. */
+static int whole_object_stored(kvt_cache *c, const kvt_key *key) {
+  part_scratch s;
+  if (scratch_open(c, &s)) return 0;
+  object_header h;
+  uint32_t tier;
+  int whole = read_header(c, key, &s, &h) == 0 && parts_present(c, &h, &tier) == 0;
+  scratch_close(c, &s);
+  return whole;
 }
 
 int kvt_object_find(kvt_cache *c, const uint32_t *tokens, size_t n_tokens, kvt_object_info *info) {
