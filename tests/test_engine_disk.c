@@ -135,14 +135,18 @@ static void full_cascade_and_back(void **state) {
   kvt_lookup_result lr = fixture_lookup(&f, b, 8);
   assert_int_equal(lr.n_prefix, 8);
   assert_int_equal(lr.n_host + lr.n_disk, 8);
-  /* B's host blocks are pinned by its own restore, so its disk blocks
-   * cannot be staged: the head that is on the host comes back exact, the
-   * rest is recomputed. Which of B's blocks stayed on the host follows the
-   * order its copies finished in, so the head is measured, not assumed. */
+  /* B's host blocks are pinned by its own restore, so its disk blocks are
+   * staged only through a host slot that is not: the head that is on the
+   * host comes back exact, and blocks after it too when a host slot can
+   * be had to stage them (one the cascade left free, or one of B's own
+   * past the head); run_request checks every block it gets, and the rest
+   * is recomputed. Which of B's blocks stayed on the host
+   * follows the order its copies finished in, so the head is measured,
+   * not assumed. */
   uint32_t head = 0;
   while (head < 8 && fixture_lookup(&f, b, head + 1).n_host == head + 1) head++;
   assert_true(head >= 1);
-  assert_int_equal(run_request(&f, b, tb, 8, 31), head);
+  assert_true(run_request(&f, b, tb, 8, 31) >= head);
   assert_int_equal(run_request(&f, a, ta, 4, 30), 4); /* four from disk, exact */
   fixture_close(&f);
 }
