@@ -590,9 +590,11 @@ static int object_put(kvt_cache *c, object_header h, const void *data, size_t le
   kvt__object_part_keys(c, &h.key, 0, h.parts, io.keys);
   kvt_lookup_result res = {.size = sizeof res};
   if ((rc = kvt_exists(c, NULL, io.keys, h.parts, KVT_KEYS_OPAQUE, &res, NULL)) != 0) goto out;
-  /* An object stored whole under the key, of this length or another: kept. */
-  if (res.n_prefix == h.parts || (res.n_prefix > 0 && whole_object_stored(c, &h.key))) {
-    rc = 1;
+  /* An object stored whole under the key, of this length or another: kept.
+   * Not known (part 0 unreadable for now): nothing written, that error. */
+  int whole = res.n_prefix == h.parts ? 1 : res.n_prefix > 0 ? whole_object_stored(c, &h.key) : 0;
+  if (whole) {
+    rc = whole > 0 ? 1 : whole;
     goto out;
   }
   /* Parts left by an object partly evicted would be skipped by the put. A
@@ -726,15 +728,19 @@ static int parts_present(kvt_cache *c, const struct object_header *h, uint32_t *
 }
 
 /* 1 when the object filed under key is stored whole (its header readable,
- * every part in a tier), as find would have it. */
+ * every part in a tier), as find would have it; 0 when not; or the error
+ * that kept it from knowing (reading part 0, memory). */
 static int whole_object_stored(kvt_cache *c, const kvt_key *key) {
   part_scratch s;
-  if (scratch_open(c, &s)) return 0;
+  if (scratch_open(c, &s)) return -ENOMEM;
   object_header h;
   uint32_t tier;
-  int whole = read_header(c, key, &s, &h) == 0 && parts_present(c, &h, &tier) == 0;
+  int rc = read_header(c, key, &s, &h);
+  if (rc == 0) rc = parts_present(c, &h, &tier);
   scratch_close(c, &s);
-  return whole;
+  /* Not there, or a header that is not whole: not stored (the put's
+   * removal clears what is left). Another error: unknown. */
+  return rc == 0 ? 1 : rc == KVT_EMISS || rc == KVT_ECORRUPT ? 0 : rc;
 }
 
 int kvt_object_find(kvt_cache *c, const uint32_t *tokens, size_t n_tokens, kvt_object_info *info) {
