@@ -768,6 +768,63 @@ static void racing_puts_of_one_key_store_one_whole_object(void **s) {
   kvt_close(c);
 }
 
+/* One thread puts objects under one key (two lengths, in turn) while
+ * another removes it: a remove waits for a put in progress, and a put
+ * while a remove runs is KVT_EAGAIN, so no put fails half way (never
+ * KVT_ENOSPACE: the tiers hold both) and what is stored at the end is one
+ * put's object whole. */
+typedef struct remover {
+  kvt_cache *c;
+  const uint32_t *tokens;
+  atomic_int stop;
+  int bad; /* a remove's code other than 0 or KVT_EMISS */
+} remover;
+
+static void *remove_loop(void *arg) {
+  remover *r = arg;
+  while (!atomic_load(&r->stop)) {
+    int rc = kvt_object_remove(r->c, r->tokens, NTOK);
+    if (rc != 0 && rc != KVT_EMISS) r->bad = rc;
+  }
+  return NULL;
+}
+
+static void a_remove_racing_puts_takes_whole_objects(void **s) {
+  (void)s;
+  kvt_cache *c = open_objects(16, 64, 1, KVT_LAYOUT_STORAGE);
+  uint32_t tokens[NTOK];
+  conversation(tokens, NTOK, 170);
+  enum { PUTS = 60 };
+  const size_t lens[2] = {3 * per_part() + 11, 2 * per_part() + 7};
+  int rcs[PUTS];
+  char *data = alloc_buf(lens[0]);
+  remover r = {c, tokens, 0, 0};
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, remove_loop, &r), 0);
+  for (int i = 0; i < PUTS; i++) {
+    kvt_test_fill(data, lens[i % 2], 3000 + (uint64_t)i);
+    rcs[i] = kvt_object_put(c, tokens, NTOK, data, lens[i % 2]);
+  }
+  atomic_store(&r.stop, 1);
+  pthread_join(th, NULL);
+  assert_int_equal(r.bad, 0);
+  for (int i = 0; i < PUTS; i++)
+    if (rcs[i] != 0 && rcs[i] != 1 && rcs[i] != KVT_EAGAIN) fail_msg("put %d: %d", i, rcs[i]);
+  kvt_object_info info = {.size = sizeof info};
+  int rc = kvt_object_find(c, tokens, NTOK, &info);
+  if (rc == 0) {
+    assert_int_equal(kvt_object_get(c, &info, tokens, data, lens[0]), 0);
+    int match = 0;
+    for (int i = 0; i < PUTS && !match; i++)
+      match = rcs[i] == 0 && lens[i % 2] == info.bytes && kvt_test_check(data, info.bytes, 3000 + (uint64_t)i);
+    assert_true(match);
+  } else {
+    assert_int_equal(rc, KVT_EMISS);
+  }
+  free(data);
+  kvt_close(c);
+}
+
 /* Write-back: parts spilled from RAM by later puts and then damaged on
  * disk are refused by the get (KVT_ECORRUPT) and dropped; the object whose
  * parts are in RAM is untouched. */
@@ -993,6 +1050,7 @@ int main(void) {
       cmocka_unit_test(an_object_removed_while_its_disk_copies_are_written_is_put_again),
       cmocka_unit_test(a_block_that_looks_like_a_part_0_is_refused),
       cmocka_unit_test(racing_puts_of_one_key_store_one_whole_object),
+      cmocka_unit_test(a_remove_racing_puts_takes_whole_objects),
       cmocka_unit_test(parts_spilled_from_ram_and_damaged_on_disk_are_refused),
       cmocka_unit_test(bad_arguments),
   };

@@ -1063,13 +1063,13 @@ typedef struct kvt_object_info {
  * Returns 0 stored; 1 when an object is already stored under that key, of
  * any length (kept as it is, as find sees it: one damaged on disk is
  * dropped by the get that reads it; kvt_object_remove first to replace
- * it); KVT_EAGAIN (another kvt_object_put of that key is in progress in
- * this cache, or another call holds parts of that key, a get reading
- * them; nothing of this put is kept, put again later: of puts of one key
- * racing, one stores its object whole); or -EINVAL, KVT_ELAYOUT,
- * KVT_ESTATE (not a storage-mode cache), -E2BIG, -ENOMEM, KVT_ENOSPACE
- * (the tiers cannot hold every part at once, or a kvt_object_remove of
- * the key ran meanwhile; nothing is kept), or a part's error (also one
+ * it); KVT_EAGAIN (another kvt_object_put or a kvt_object_remove of that
+ * key is in progress in this cache, or another call holds parts of that
+ * key, a get reading them; nothing of this put is kept, put again later:
+ * of puts of one key racing, one stores its object whole); or -EINVAL,
+ * KVT_ELAYOUT, KVT_ESTATE (not a storage-mode cache), -E2BIG, -ENOMEM,
+ * KVT_ENOSPACE (the tiers cannot hold every part at once; nothing is
+ * kept), or a part's error (also one
  * reading the stored object's first part). data is read during the call
  * only. Its parts follow the write policy as kvt_put_from's blocks do
  * (KVT_WRITE_THROUGH: on disk too, once the spill it starts is over).
@@ -1106,7 +1106,9 @@ KVT_API int kvt_object_get(kvt_cache *c, const kvt_object_info *info, const uint
                            size_t cap);
 
 /* Removes the object filed under the last full block of tokens[0..n_tokens)
- * from every tier. Returns 0 (removed), KVT_EMISS (none), -EINVAL. May block. */
+ * from every tier; a kvt_object_put of that key in progress finishes first
+ * (its object is then removed). Returns 0 (removed), KVT_EMISS (none),
+ * -EINVAL. May block. */
 KVT_API int kvt_object_remove(kvt_cache *c, const uint32_t *tokens, size_t n_tokens);
 
 #ifdef __cplusplus

@@ -372,20 +372,22 @@ typedef struct kept_part0 {
   uint8_t used;
 } kept_part0;
 
-/* An object put in progress, on its caller's stack: a second put of the
- * same key meanwhile is KVT_EAGAIN before it touches a part. Two puts that
- * both went on would each find parts of the other's (claimed, or already
- * stored) and the one that gave up would remove the key's parts, the other
- * put's included: that put said it stored its object, and nothing was. */
-typedef struct put_claim {
+/* An object put or remove in progress, on its caller's stack: a second
+ * put of the same key meanwhile is KVT_EAGAIN before it touches a part,
+ * and a remove waits for it. Two puts that both went on would each find
+ * parts of the other's (claimed, or already stored) and the one that gave
+ * up would remove the key's parts, the other put's included: that put
+ * said it stored its object, and nothing was. A remove in the middle of a
+ * put would take the parts written so far, and the put would fail. */
+typedef struct key_claim {
   kvt_key key;
-  struct put_claim *next;
-} put_claim;
+  struct key_claim *next;
+} key_claim;
 
 struct kvt__object_memo {
   memo_entry e[MEMO_SLOTS];
   kept_part0 p0;
-  put_claim *puts; /* in progress */
+  key_claim *claims; /* puts and removes in progress */
 };
 
 static memo_entry *memo_slot(kvt_cache *c, const kvt_key *key, int make) {
@@ -530,29 +532,39 @@ static uint64_t put_nonce(kvt_cache *c, const kvt_key *key) {
   return kvt__xxh3_64(in, sizeof in, c->salt);
 }
 
-/* 0 with *me linked in as the put of key, or KVT_EAGAIN when a put of it is in progress. */
-static int put_claim_take(kvt_cache *c, const kvt_key *key, put_claim *me) {
+/* 0 with *me linked in as the call working on key's object; when another
+ * call holds the key, KVT_EAGAIN, or with wait, once it has let go. */
+static int claim_take(kvt_cache *c, const kvt_key *key, key_claim *me, int wait) {
   int rc = 0;
   pthread_mutex_lock(&c->lock);
   memo_slot(c, key, 1);
   if (!c->objects) rc = -ENOMEM;
-  for (const put_claim *p = c->objects ? c->objects->puts : NULL; p && !rc; p = p->next)
-    if (kvt__key_eq(&p->key, key)) rc = KVT_EAGAIN;
+  for (const key_claim *p = c->objects ? c->objects->claims : NULL; p && !rc;) {
+    if (!kvt__key_eq(&p->key, key)) {
+      p = p->next;
+    } else if (!wait) {
+      rc = KVT_EAGAIN;
+    } else {
+      pthread_cond_wait(&c->cond, &c->lock);
+      p = c->objects->claims; /* changed meanwhile */
+    }
+  }
   if (rc == 0) {
-    *me = (put_claim){*key, c->objects->puts};
-    c->objects->puts = me;
+    *me = (key_claim){*key, c->objects->claims};
+    c->objects->claims = me;
   }
   pthread_mutex_unlock(&c->lock);
   return rc;
 }
 
-static void put_claim_drop(kvt_cache *c, put_claim *me) {
+static void claim_drop(kvt_cache *c, key_claim *me) {
   pthread_mutex_lock(&c->lock);
-  for (put_claim **p = &c->objects->puts; *p; p = &(*p)->next)
+  for (key_claim **p = &c->objects->claims; *p; p = &(*p)->next)
     if (*p == me) {
       *p = me->next;
       break;
     }
+  pthread_cond_broadcast(&c->cond); /* a remove waiting for it */
   pthread_mutex_unlock(&c->lock);
 }
 
@@ -574,10 +586,10 @@ int kvt_object_put(kvt_cache *c, const uint32_t *tokens, size_t n_tokens, const 
                      .parts = parts_for(len, block)};
   free(keys);
   if (!h.parts) return -EINVAL;
-  put_claim me;
-  if ((rc = put_claim_take(c, &h.key, &me)) != 0) return rc;
+  key_claim me;
+  if ((rc = claim_take(c, &h.key, &me, 0)) != 0) return rc;
   rc = object_put(c, h, data, len);
-  put_claim_drop(c, &me);
+  claim_drop(c, &me);
   return rc;
 }
 
@@ -863,6 +875,11 @@ int kvt_object_remove(kvt_cache *c, const uint32_t *tokens, size_t n_tokens) {
   size_t n_keys = 0;
   int rc = prefix_keys(c, tokens, n_tokens, &keys, &n_keys);
   if (rc) return rc;
+  key_claim me;
+  if ((rc = claim_take(c, &keys[n_keys - 1], &me, 1)) != 0) {
+    free(keys);
+    return rc;
+  }
   part_scratch s;
   object_header h;
   rc = scratch_open(c, &s) ? -ENOMEM : read_header(c, &keys[n_keys - 1], &s, &h);
@@ -873,6 +890,7 @@ int kvt_object_remove(kvt_cache *c, const uint32_t *tokens, size_t n_tokens) {
     rc = 0;
   }
   scratch_close(c, &s);
+  claim_drop(c, &me);
   free(keys);
   return rc;
 }
