@@ -1046,13 +1046,17 @@ static void test_try_batch_never_waits(void **state) {
   free(w);
 }
 
-/* Queue depth 0 takes enough I/Os for 16 MiB of records at the disk (32 to
- * 256 of them): small records keep the disk as busy as large ones. The
- * store then reads and writes at that depth like at any other. */
+/* Queue depth 0 takes enough I/Os for 16 MiB of records at the disk (8 to
+ * 256 of them): small records keep the disk as busy as large ones, and
+ * large ones pin no more buffers than that takes. A durable store keeps at
+ * least 32, for its group syncs. The store then reads and writes at that
+ * depth like at any other. */
 static void test_default_queue_depth_follows_record_size(void **state) {
   fx *f = *state;
-  assert_int_equal(kvt__disk_auto_depth(2u << 20), 32); /* 64 MiB: never under 32 */
-  assert_int_equal(kvt__disk_auto_depth(1u << 20), 32);
+  assert_int_equal(kvt__disk_auto_depth(8u << 20), 8); /* 64 MiB: never under 8 */
+  assert_int_equal(kvt__disk_auto_depth((2u << 20) + 4096), 8);
+  assert_int_equal(kvt__disk_auto_depth(1u << 20), 16);
+  assert_int_equal(kvt__disk_auto_depth((896u + 4) << 10), 18);
   assert_int_equal(kvt__disk_auto_depth(260u << 10), 63);
   assert_int_equal(kvt__disk_auto_depth(64u << 10), 256);
   assert_int_equal(kvt__disk_auto_depth(16u << 10), 256); /* never over 256 */
@@ -1067,6 +1071,29 @@ static void test_default_queue_depth_follows_record_size(void **state) {
   assert_int_equal(in.queue_depth, kvt__disk_auto_depth(f->rec_bytes));
   assert_true(in.queue_depth > 8);
   assert_true(in.ops >= in.queue_depth);
+  /* Durable stores of 2 MiB records (a file of their own): 32 by default,
+   * a depth set stays as set. */
+  char path[4300];
+  snprintf(path, sizeof path, "%s.durable", f->path);
+  kvt__disk_cfg dc = c;
+  kvt__disk *dd;
+  dc.path = path, dc.payload_bytes = 2u << 20, dc.slots = 2, dc.reset = 1, dc.durable = 1;
+  dc.bufs = NULL, dc.buf_lens = NULL, dc.n_bufs = 0;
+  assert_int_equal(kvt__disk_open(&dc, &dd), 0);
+  kvt__disk_get_info(dd, &in);
+  assert_int_equal(in.queue_depth, 32);
+  kvt__disk_close(dd);
+  dc.queue_depth = 4;
+  assert_int_equal(kvt__disk_open(&dc, &dd), 0);
+  kvt__disk_get_info(dd, &in);
+  assert_int_equal(in.queue_depth, 4);
+  kvt__disk_close(dd);
+  dc.queue_depth = 0, dc.durable = 0;
+  assert_int_equal(kvt__disk_open(&dc, &dd), 0);
+  kvt__disk_get_info(dd, &in);
+  assert_int_equal(in.queue_depth, 8);
+  kvt__disk_close(dd);
+  unlink(path);
   for (uint32_t i = 0; i < SLOTS; i++) assert_int_equal(write_sync(f, i, 700 + i), 0);
   waiter *w = waiter_new();
   kvt__disk_io io[SLOTS];
