@@ -19,9 +19,12 @@
  * the buffers it can hold (its ops: its default queue depth, enough I/Os
  * for 16 MiB of records, plus its headroom for records being hashed) and
  * kept as full as it lets itself be, as a restore keeps it (try batches,
- * resumed on done()). How much memory the buffers span changes what a
- * virtual disk gives: u8/wide, the u8 way cycling the whole pool, shows by
- * how much (in the detail; not part of the limit). Rounds alternate the ways and the
+ * resumed on done()): the store row is a caller that reuses its buffers as
+ * the store hands them back, as a staging ring does. How much memory the
+ * buffers span changes what a virtual disk gives: u8/wide, the u8 way
+ * cycling the whole pool, shows by how much (in the detail; not part of
+ * the limit); reads into fresh memory, as a restore into host slots does,
+ * are that case (the restore section measures one). Rounds alternate the ways and the
  * store, each round in a rotated order, so drift and the place in a round
  * hit all alike; each way and the store count by their median
  * round (a shared disk swings single rounds by several times). CPU time
@@ -651,6 +654,10 @@ static int durable_row(const kvt_bench_micro_opts *o, kvt_bench_rows *rows, cons
   run r = {.payload = 2u << 20, .rec = kvt__record_bytes(BT, 2u << 20)};
   uint64_t file_bytes = o->quick ? (64ull << 20) : (1ull << 30);
   size_pool(&r);
+  /* The durable store's ops: its depth (at least 32) for each of the disk,
+   * the checksum threads and the syncs. */
+  uint32_t dq = r.store_qd < 32 ? 32 : r.store_qd, d_ops = 3 * dq, n_ops = 0;
+  if (r.pool_recs < d_ops) r.pool_recs = d_ops > MAX_POOL_RECS ? MAX_POOL_RECS : d_ops;
   r.slots = file_bytes / r.rec < r.pool_recs * 2 ? r.pool_recs * 2 : file_bytes / r.rec;
   r.seconds = o->quick ? (o->seconds < 0.15 ? o->seconds : 0.15) : o->seconds * 0.6;
   char dpath[4200];
@@ -664,6 +671,9 @@ static int durable_row(const kvt_bench_micro_opts *o, kvt_bench_rows *rows, cons
     kvt__disk_info in;
     kvt__disk_get_info(durable, &in);
     r.direct = in.direct;
+    d_ops = in.ops;
+    kvt__disk_get_info(normal, &in);
+    n_ops = in.ops;
   }
   measure nm[MAX_ROUNDS], dm[MAX_ROUNDS], sm[MAX_ROUNDS], n_mid = {0, 0}, d_mid = {0, 0}, s_mid = {0, 0}, lo, hi;
   int rounds = o->quick ? 1 : ROUNDS;
@@ -675,6 +685,7 @@ static int durable_row(const kvt_bench_micro_opts *o, kvt_bench_rows *rows, cons
     for (int k = 0; k < 3; k++) {
       int which = (i + k) % 3; /* 0 normal, 1 durable, 2 normal + fdatasync */
       r.d = which == 1 ? durable : normal;
+      r.ops = which == 1 ? d_ops : n_ops; /* each store offered the buffers it can hold */
       int64_t t0 = kvt__now_ns();
       measure m = store_loop_run(&r, 1, 0);
       if (which == 2) {

@@ -1092,6 +1092,8 @@ static void test_default_queue_depth_follows_record_size(void **state) {
   assert_int_equal(kvt__disk_open(&dc, &dd), 0);
   kvt__disk_get_info(dd, &in);
   assert_int_equal(in.queue_depth, 8);
+  assert_int_equal(in.ops, 16);
+  assert_int_equal(in.scan_width, 64); /* a reopen's scan stays 64 reads deep */
   kvt__disk_close(dd);
   unlink(path);
   for (uint32_t i = 0; i < SLOTS; i++) assert_int_equal(write_sync(f, i, 700 + i), 0);
@@ -1108,7 +1110,7 @@ static void test_default_queue_depth_follows_record_size(void **state) {
   w->pending = SLOTS;
   pthread_mutex_unlock(&w->m);
   /* With the reaper held, a never-waiting batch takes as many reads as the
-   * disk may have: all of them (at depth 8 it took 8). */
+   * disk may have: all of them (at depth 8 it would take 8). */
   reap_hold h = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
   kvt__fault_set(hold_hook, &h);
   assert_int_equal(kvt__disk_try_read_batch(f->d, io, SLOTS, on_done), SLOTS);

@@ -33,11 +33,13 @@
 #define KVT__MAX_REGIONS 64u
 #define KVT__STAGE_DEPTH 8u /* staged records in flight per worker */
 /* Records moved straight in flight per worker: each holds a prefix page,
- * not a record, so a worker keeps the disk's queue depth (32) busy on its
- * own, and as many again waiting for checksums or retirement. On two CPUs
- * shared with other work (load 8-10), a few runs of kvtier-bench micro
- * storage gave 2 MiB puts at 0.41-0.98 of raw io_uring with 32 and
- * 0.98-1.02 with 64; gets 0.54-0.76 and 0.79-0.90. */
+ * not a record, so a worker keeps the disk's whole queue busy on its own,
+ * and as many again waiting for checksums or retirement; what the store's
+ * ops cannot take yet waits in the store for one. On two CPUs shared with
+ * other work (load 8-10), a few runs of kvtier-bench micro storage gave
+ * 2 MiB puts at 0.41-0.98 of raw io_uring with 32 and 0.98-1.02 with 64;
+ * gets 0.54-0.76 and 0.79-0.90 (the store's default depth was 32 then; it
+ * is 8 for 2 MiB records now, 16 ops: puts 0.91, gets 0.94 in one run). */
 #define KVT__STRAIGHT_DEPTH 64u
 /* iovecs of a record moved straight: its prefix and the runs of its
  * pieces (adjacent pieces merge); a block needing more goes through

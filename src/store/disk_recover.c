@@ -284,7 +284,7 @@ static int pass_init(kvt__disk *d, pass *p, int op, uint32_t len, int with_bufs)
   uint64_t w = SCAN_BUF_BYTES / len;
   p->op = op;
   p->len = len;
-  p->width = (uint32_t)(w < 1 ? 1 : w > d->depth ? d->depth : w);
+  p->width = (uint32_t)(w < 1 ? 1 : w > d->io_depth ? d->io_depth : w);
   p->n_free = p->width;
   /* aligned_alloc wants a multiple of the alignment (one 512 B header at queue depth 1 is not). */
   p->bufs = with_bufs ? aligned_alloc(4096, ((size_t)p->width * len + 4095) & ~(size_t)4095) : NULL;

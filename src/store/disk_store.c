@@ -43,17 +43,22 @@
  * its bandwidth only with megabytes in flight, and 32 I/Os of small
  * records are 2 MiB: 64 KiB records spilled at 0.69-0.74 of what raw
  * io_uring wrote at depth 64 on the same disk, and at 0.96-1.06 with 256
- * I/Os. Large records get no more than 16 MiB in flight (8 I/Os of 2 MiB):
- * more adds no bandwidth, and each I/O in flight pins a buffer of its
+ * I/Os. Large records get 16 MiB in flight (8 I/Os of 2 MiB; at least 8 of
+ * larger ones): more adds no bandwidth, and each I/O in flight pins a buffer of its
  * caller's, so a deeper queue only spreads the reads over more memory,
  * which costs on a virtual disk that copies into guest memory (raw O_DIRECT
  * reads of 2 MiB, 8 in flight, on this class of machine: 2.8-3.3 GB/s
  * cycling 8 or 16 buffers, 2.2-2.5 cycling 32 or 64; 32 in flight into the
- * same 8 buffers: 2.8-3.0). The store's fetches at depth 32 (64 buffers)
- * ran at 0.74-0.86 of raw depth 8, at depth 8 (16 buffers) at 1.00. */
+ * same 8 buffers: 2.8-3.0). A caller that reuses its buffers as the store
+ * hands them back (a staging ring) gets the faster figure at depth 8: the
+ * store's fetches, offered its ops' worth of buffers, ran at 0.74-0.86 of
+ * raw depth 8 at depth 32 (64 buffers), at 0.91-1.00 at depth 8 (16).
+ * Reads into fresh memory (a restore into host slots) span the whole
+ * restore either way: the depth changes nothing there (the 10,000-token
+ * restore_disk row: 0.91-0.94 of raw before and after). */
 #define AUTO_INFLIGHT_BYTES (16u << 20)
 #define AUTO_MIN_DEPTH 8u
-#define AUTO_DURABLE_MIN_DEPTH 32u /* see kvt__disk_open */
+#define AUTO_DURABLE_MIN_DEPTH 32u /* see disk_new */
 #define AUTO_MAX_DEPTH 256u
 #define BATCH 64u                 /* requests prepared and submitted together */
 #define REAP_TIMEOUT_NS 200000000 /* wake to re-check stop and deferred SQ flushes */
@@ -792,7 +797,7 @@ void kvt__disk_get_info(const kvt__disk *d, kvt__disk_info *info) {
                            .fallback = d->io.fallback, .slots = d->slots,
                            .slot_bytes = d->slot_bytes, .data_offset = d->data_off,
                            .checksum_threads = d->n_hashers, .queue_depth = d->queue_depth,
-                           .ops = d->depth};
+                           .ops = d->depth, .scan_width = d->io_depth};
 }
 
 void kvt__disk_get_stats(const kvt__disk *d, kvt__disk_stats *s) {
@@ -895,6 +900,7 @@ static kvt__disk *disk_new(const kvt__disk_cfg *c) {
   if (!c->queue_depth && c->durable && d->queue_depth < AUTO_DURABLE_MIN_DEPTH) d->queue_depth = AUTO_DURABLE_MIN_DEPTH;
   d->depth = d->queue_depth + (d->handoff ? d->queue_depth * KVT_DISK_HASH_HEADROOM_MUL : 0) +
              (c->durable ? d->queue_depth : 0);
+  d->io_depth = d->depth > KVT_DISK_SCAN_MIN_WIDTH ? d->depth : KVT_DISK_SCAN_MIN_WIDTH;
   d->bufs = c->bufs;
   d->buf_lens = c->buf_lens;
   d->n_bufs = c->n_bufs;
@@ -918,7 +924,7 @@ static kvt__disk *disk_new(const kvt__disk_cfg *c) {
 }
 
 static int open_backend(kvt__disk *d, const kvt__disk_cfg *c) {
-  kvt_io_open_args a = {.fd = d->fd, .queue_depth = d->depth, .bufs = c->bufs,
+  kvt_io_open_args a = {.fd = d->fd, .queue_depth = d->io_depth, .bufs = c->bufs,
                         .buf_lens = c->buf_lens, .n_bufs = c->n_bufs};
   int rc = kvt__io_open(c->backend, &a, &d->io);
   if (rc == 0) d->vectored = d->io.be->version >= 2 && (d->io.be->caps & KVT_IO_CAP_VECTORED);

@@ -74,7 +74,8 @@ typedef struct kvt__disk_cfg {
   uint32_t block_tokens;
   uint64_t payload_bytes;    /* per block */
   kvt_key ns;                /* namespace; a file of another one: KVT_ENAMESPACE unless reset */
-  uint32_t queue_depth;      /* I/Os at the disk (see Threads above); 0: kvt__disk_auto_depth */
+  uint32_t queue_depth;      /* I/Os at the disk (see Threads above); 0: kvt__disk_auto_depth,
+                                at least 32 for a durable store */
   kvt_disk_backend backend;
   int reset;                 /* discard the file's contents */
   const void *const *bufs;   /* host pool memory to register with the backend */
@@ -234,6 +235,8 @@ typedef struct kvt__disk_info {
   uint32_t ops;              /* operations in flight at most: queue_depth, plus as many
                                 again when records are hashed on the checksum threads,
                                 and again in durable mode (writes waiting for a sync) */
+  uint32_t scan_width;       /* reads a recovery pass keeps in flight at most (the
+                                backend's depth: ops, at least 64) */
 } kvt__disk_info;
 
 typedef struct kvt__disk_stats {
