@@ -893,6 +893,63 @@ static void an_object_removed_while_its_disk_copies_are_written_is_put_again(voi
   kvt_close(c);
 }
 
+/* A get in progress holds its key: a put of it meanwhile is KVT_EAGAIN
+ * (it would rewrite the parts the get reads, and the get would call the
+ * mix damaged and remove the new put's parts), and a remove of it waits
+ * for the get, which returns the object whole. */
+typedef struct getter {
+  kvt_cache *c;
+  const uint32_t *tokens;
+  kvt_object_info info;
+  char *buf;
+  size_t len;
+  int rc;
+  atomic_int done;
+} getter;
+
+static void *get_one(void *arg) {
+  getter *g = arg;
+  g->rc = kvt_object_get(g->c, &g->info, g->tokens, g->buf, g->len);
+  atomic_store(&g->done, 1);
+  return NULL;
+}
+
+static void a_get_in_progress_holds_its_key(void **s) {
+  (void)s;
+  kvt_cache *c = open_objects(0, 64, 1, KVT_LAYOUT_STORAGE);
+  uint32_t tokens[NTOK];
+  conversation(tokens, NTOK, 90);
+  const size_t len = 2 * BLOCK + 77; /* three parts, on disk */
+  put_pattern(c, tokens, NTOK, len, 91, 0);
+  assert_int_equal(kvt_drain(c), 0);
+  getter g = {.c = c, .tokens = tokens, .info = find(c, tokens, NTOK, 0), .buf = alloc_buf(len), .len = len, .rc = -1};
+  assert_int_equal(g.info.tier, KVT_TIER_DISK);
+  atomic_store(&slow_armed, 1);
+  atomic_store(&slow_started, 0);
+  kvt__fault_set(slow_hook, NULL);
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, get_one, &g), 0);
+  while (!atomic_load(&slow_started)) usleep(1000); /* the get's first read stalls 300 ms */
+  char *other = alloc_buf(len);
+  kvt_test_fill(other, len, 92);
+  int put_rc = kvt_object_put(c, tokens, NTOK, other, len);
+  int remove_rc = kvt_object_remove(c, tokens, NTOK);
+  int get_done_first = atomic_load(&g.done);
+  pthread_join(th, NULL);
+  kvt__fault_set(NULL, NULL);
+  assert_int_equal(put_rc, KVT_EAGAIN);
+  assert_int_equal(remove_rc, 0);
+  assert_true(get_done_first); /* the remove waited for the get */
+  assert_int_equal(g.rc, 0);
+  assert_true(kvt_test_check(g.buf, len, 91));
+  find(c, tokens, NTOK, KVT_EMISS);
+  put_pattern(c, tokens, NTOK, len, 92, 0); /* the key is free again */
+  get_exact(c, tokens, NTOK, len, 92, KVT_TIER_DISK);
+  free(other);
+  free(g.buf);
+  kvt_close(c);
+}
+
 static void bad_arguments(void **s) {
   (void)s;
   uint32_t tokens[NTOK];
@@ -1051,6 +1108,7 @@ int main(void) {
       cmocka_unit_test(a_block_that_looks_like_a_part_0_is_refused),
       cmocka_unit_test(racing_puts_of_one_key_store_one_whole_object),
       cmocka_unit_test(a_remove_racing_puts_takes_whole_objects),
+      cmocka_unit_test(a_get_in_progress_holds_its_key),
       cmocka_unit_test(parts_spilled_from_ram_and_damaged_on_disk_are_refused),
       cmocka_unit_test(bad_arguments),
   };

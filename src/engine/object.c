@@ -372,22 +372,28 @@ typedef struct kept_part0 {
   uint8_t used;
 } kept_part0;
 
-/* An object put or remove in progress, on its caller's stack: a second
- * put of the same key meanwhile is KVT_EAGAIN before it touches a part,
- * and a remove waits for it. Two puts that both went on would each find
- * parts of the other's (claimed, or already stored) and the one that gave
- * up would remove the key's parts, the other put's included: that put
- * said it stored its object, and nothing was. A remove in the middle of a
- * put would take the parts written so far, and the put would fail. */
+/* An object put, remove or get in progress, on its caller's stack: a
+ * second put of the same key meanwhile is KVT_EAGAIN before it touches a
+ * part, and a remove or a get waits for it. Gets share the key with each
+ * other (shared claims); a put while one runs is KVT_EAGAIN, a remove
+ * waits for it. Two puts that both went on would each find parts of the
+ * other's (claimed, or already stored) and the one that gave up would
+ * remove the key's parts, the other put's included: that put said it
+ * stored its object, and nothing was. A remove in the middle of a put
+ * would take the parts written so far, and the put would fail. A get
+ * whose reads spanned a put's rewrite of the parts would see parts of two
+ * puts, call the object damaged and remove the new put's parts; under its
+ * claim, a get that sees that has found real damage. */
 typedef struct key_claim {
   kvt_key key;
+  int shared; /* a get's */
   struct key_claim *next;
 } key_claim;
 
 struct kvt__object_memo {
   memo_entry e[MEMO_SLOTS];
   kept_part0 p0;
-  key_claim *claims; /* puts and removes in progress */
+  key_claim *claims; /* puts, removes and gets in progress */
 };
 
 static memo_entry *memo_slot(kvt_cache *c, const kvt_key *key, int make) {
@@ -532,15 +538,16 @@ static uint64_t put_nonce(kvt_cache *c, const kvt_key *key) {
   return kvt__xxh3_64(in, sizeof in, c->salt);
 }
 
-/* 0 with *me linked in as the call working on key's object; when another
- * call holds the key, KVT_EAGAIN, or with wait, once it has let go. */
-static int claim_take(kvt_cache *c, const kvt_key *key, key_claim *me, int wait) {
+/* 0 with *me linked in as a call working on key's object (shared: a get,
+ * which other gets do not exclude); when another call holds the key,
+ * KVT_EAGAIN, or with wait, once it has let go. */
+static int claim_take(kvt_cache *c, const kvt_key *key, key_claim *me, int wait, int shared) {
   int rc = 0;
   pthread_mutex_lock(&c->lock);
   memo_slot(c, key, 1);
   if (!c->objects) rc = -ENOMEM;
   for (const key_claim *p = c->objects ? c->objects->claims : NULL; p && !rc;) {
-    if (!kvt__key_eq(&p->key, key)) {
+    if (!kvt__key_eq(&p->key, key) || (shared && p->shared)) {
       p = p->next;
     } else if (!wait) {
       rc = KVT_EAGAIN;
@@ -550,7 +557,7 @@ static int claim_take(kvt_cache *c, const kvt_key *key, key_claim *me, int wait)
     }
   }
   if (rc == 0) {
-    *me = (key_claim){*key, c->objects->claims};
+    *me = (key_claim){*key, shared, c->objects->claims};
     c->objects->claims = me;
   }
   pthread_mutex_unlock(&c->lock);
@@ -564,7 +571,7 @@ static void claim_drop(kvt_cache *c, key_claim *me) {
       *p = me->next;
       break;
     }
-  pthread_cond_broadcast(&c->cond); /* a remove waiting for it */
+  pthread_cond_broadcast(&c->cond); /* a remove or a get waiting for it */
   pthread_mutex_unlock(&c->lock);
 }
 
@@ -587,7 +594,7 @@ int kvt_object_put(kvt_cache *c, const uint32_t *tokens, size_t n_tokens, const 
   free(keys);
   if (!h.parts) return -EINVAL;
   key_claim me;
-  if ((rc = claim_take(c, &h.key, &me, 0)) != 0) return rc;
+  if ((rc = claim_take(c, &h.key, &me, 0, 0)) != 0) return rc;
   rc = object_put(c, h, data, len);
   claim_drop(c, &me);
   return rc;
@@ -822,7 +829,10 @@ int kvt_object_get(kvt_cache *c, const kvt_object_info *info, const uint32_t *to
   if (!block || info->parts != parts_for(info->bytes, block)) return -EINVAL;
   uint32_t parts = info->parts;
   object_io io = {0};
-  int rc = io_alloc(c, &io, buf, info->bytes, block);
+  key_claim me;
+  int rc = claim_take(c, &info->key, &me, 1, 1); /* after a put or remove in progress */
+  if (rc) return rc;
+  rc = io_alloc(c, &io, buf, info->bytes, block);
   if (rc) goto out;
   kvt__object_part_keys(c, &info->key, 0, parts, io.keys);
   object_pieces(&io, 1);
@@ -867,6 +877,7 @@ again:
   else if (rc) memo_drop(c, &info->key);
 out:
   io_free(c, &io);
+  claim_drop(c, &me);
   return rc;
 }
 
@@ -876,7 +887,7 @@ int kvt_object_remove(kvt_cache *c, const uint32_t *tokens, size_t n_tokens) {
   int rc = prefix_keys(c, tokens, n_tokens, &keys, &n_keys);
   if (rc) return rc;
   key_claim me;
-  if ((rc = claim_take(c, &keys[n_keys - 1], &me, 1)) != 0) {
+  if ((rc = claim_take(c, &keys[n_keys - 1], &me, 1, 0)) != 0) {
     free(keys);
     return rc;
   }
