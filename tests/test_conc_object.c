@@ -117,10 +117,10 @@ static void threads_put_find_get_and_remove_objects(void **s) {
     hits += w[i].hits;
   }
   assert_true(hits > 0);
-  /* Whatever the races left reads back exactly, or is refused whole: two
-   * puts racing under one key can each write some of the parts (both
-   * return 0), and a get refuses such a mix (KVT_ECORRUPT, the parts are
-   * not all of one put) and removes it (kvtier.h). Never other bytes. */
+  /* Whatever the races left reads back exactly, or is refused whole (a
+   * get refuses parts that are not all of one put: KVT_ECORRUPT, removed;
+   * puts, removes and gets of one key exclude each other, so races should
+   * leave none). Never other bytes. */
   char *buf = NULL;
   assert_int_equal(posix_memalign((void **)&buf, 4096, 8 * BLOCK), 0);
   for (int v = 0; v < CONVS; v++) {

@@ -1064,10 +1064,12 @@ typedef struct kvt_object_info {
  * Returns 0 stored; 1 when an object is already stored under that key, of
  * any length (kept as it is, as find sees it: one damaged on disk is
  * dropped by the get that reads it; kvt_object_remove first to replace
- * it); KVT_EAGAIN (another kvt_object_put, a kvt_object_remove or a
- * kvt_object_get of that key is in progress in this cache, or another call
- * holds parts of that key; nothing of this put is kept, put again later:
- * of puts of one key racing, one stores its object whole); or -EINVAL,
+ * it; also while gets of the key are in progress); KVT_EAGAIN (another
+ * kvt_object_put or a kvt_object_remove of that key is in progress or
+ * waiting in this cache, a get of it is in progress and no object is
+ * stored whole, or another call holds parts of that key; nothing of this
+ * put is kept, put again later: of puts of one key racing, one stores its
+ * object whole); or -EINVAL,
  * KVT_ELAYOUT, KVT_ESTATE (not a storage-mode cache), -E2BIG, -ENOMEM,
  * KVT_ENOSPACE (the tiers cannot hold every part at once; nothing is
  * kept), or a part's error (also one
@@ -1097,11 +1099,13 @@ KVT_API int kvt_object_find(kvt_cache *c, const uint32_t *tokens, size_t n_token
  * info->bytes). tokens are the caller's, at least info->match_tokens long,
  * checked again against the header. Returns 0 (buf holds exactly the bytes
  * put), KVT_EMISS (evicted since, or another object put under its key
- * since: find again), KVT_ECORRUPT (a part failed its
- * checksum, or the parts are not all of one put: the object is removed), KVT_EMISMATCH (other tokens), -ENOBUFS (cap too small),
- * -EINVAL. A kvt_object_put or kvt_object_remove of the key in progress
- * finishes first; gets of one key run together. May block. A buffer in transparent huge pages (MADV_HUGEPAGE)
- * reads fastest from the disk tier: an O_DIRECT read pays per segment of
+ * since: find again), KVT_ECORRUPT (a part failed its checksum, or the
+ * parts are not all of one put: the object is damaged and removed),
+ * KVT_EMISMATCH (other tokens), -ENOBUFS (cap too small), -EINVAL. A
+ * kvt_object_put or kvt_object_remove of the key in progress (or a remove
+ * waiting for it) finishes first; gets of one key run together. May
+ * block. A buffer in transparent huge pages (MADV_HUGEPAGE) reads fastest
+ * from the disk tier: an O_DIRECT read pays per segment of
  * the memory it lands in, one per 4 KiB page otherwise (up to 2x the time
  * on a virtual disk, examples/llama_cpp/llama_bench.c). */
 KVT_API int kvt_object_get(kvt_cache *c, const kvt_object_info *info, const uint32_t *tokens, void *buf,
@@ -1109,8 +1113,9 @@ KVT_API int kvt_object_get(kvt_cache *c, const kvt_object_info *info, const uint
 
 /* Removes the object filed under the last full block of tokens[0..n_tokens)
  * from every tier; a kvt_object_put of that key in progress finishes first
- * (its object is then removed), and so do gets of it in progress. Returns 0 (removed), KVT_EMISS (none),
- * -EINVAL. May block. */
+ * (its object is then removed), and so do gets of it in progress; gets
+ * that come while it waits wait for it. Returns 0 (removed), KVT_EMISS
+ * (none), -EINVAL. May block. */
 KVT_API int kvt_object_remove(kvt_cache *c, const uint32_t *tokens, size_t n_tokens);
 
 #ifdef __cplusplus

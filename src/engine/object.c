@@ -383,17 +383,24 @@ typedef struct kept_part0 {
  * would take the parts written so far, and the put would fail. A get
  * whose reads spanned a put's rewrite of the parts would see parts of two
  * puts, call the object damaged and remove the new put's parts; under its
- * claim, a get that sees that has found real damage. */
+ * claim, a get that sees that has found real damage. A remove waiting is
+ * linked at once, so gets that come meanwhile wait behind it (else gets
+ * overlapping on several threads kept a remove waiting for good), and a
+ * put while only gets hold the key answers 1 when the object is stored
+ * whole, as it would alone. */
 typedef struct key_claim {
   kvt_key key;
-  int shared; /* a get's */
+  int shared;   /* a get's */
+  int waiting;  /* a remove's, linked while it waits for the key */
+  uint64_t seq; /* removes waiting for one key go in this order */
   struct key_claim *next;
 } key_claim;
 
 struct kvt__object_memo {
   memo_entry e[MEMO_SLOTS];
   kept_part0 p0;
-  key_claim *claims; /* puts, removes and gets in progress */
+  key_claim *claims; /* puts, removes and gets in progress, removes waiting */
+  uint64_t claim_seq;
 };
 
 static memo_entry *memo_slot(kvt_cache *c, const kvt_key *key, int make) {
@@ -538,16 +545,36 @@ static uint64_t put_nonce(kvt_cache *c, const kvt_key *key) {
   return kvt__xxh3_64(in, sizeof in, c->salt);
 }
 
+/* Whether claim p keeps me from its key now: a get is kept out by puts
+ * and removes (also a remove waiting), a put or a remove by any call
+ * holding the key, and by removes that began waiting before it. */
+static int claim_blocks(const key_claim *p, const key_claim *me) {
+  if (p == me || !kvt__key_eq(&p->key, &me->key)) return 0;
+  if (me->shared) return !p->shared;
+  if (p->waiting) return p->seq < me->seq;
+  return 1;
+}
+
 /* 0 with *me linked in as a call working on key's object (shared: a get,
  * which other gets do not exclude); when another call holds the key,
- * KVT_EAGAIN, or with wait, once it has let go. */
+ * KVT_EAGAIN, or with wait, once it has let go. A call that waits for a
+ * key exclusively (a remove) is linked while it waits. */
 static int claim_take(kvt_cache *c, const kvt_key *key, key_claim *me, int wait, int shared) {
   int rc = 0;
   pthread_mutex_lock(&c->lock);
   memo_slot(c, key, 1);
-  if (!c->objects) rc = -ENOMEM;
+  if (!c->objects) {
+    rc = -ENOMEM;
+  } else {
+    *me = (key_claim){.key = *key, .shared = shared, .seq = c->objects->claim_seq++};
+    if (wait && !shared) {
+      me->waiting = 1;
+      me->next = c->objects->claims;
+      c->objects->claims = me;
+    }
+  }
   for (const key_claim *p = c->objects ? c->objects->claims : NULL; p && !rc;) {
-    if (!kvt__key_eq(&p->key, key) || (shared && p->shared)) {
+    if (!claim_blocks(p, me)) {
       p = p->next;
     } else if (!wait) {
       rc = KVT_EAGAIN;
@@ -556,8 +583,10 @@ static int claim_take(kvt_cache *c, const kvt_key *key, key_claim *me, int wait,
       p = c->objects->claims; /* changed meanwhile */
     }
   }
-  if (rc == 0) {
-    *me = (key_claim){*key, shared, c->objects->claims};
+  if (rc == 0 && me->waiting) {
+    me->waiting = 0;
+  } else if (rc == 0) {
+    me->next = c->objects->claims;
     c->objects->claims = me;
   }
   pthread_mutex_unlock(&c->lock);
@@ -578,6 +607,20 @@ static void claim_drop(kvt_cache *c, key_claim *me) {
 static int object_put(kvt_cache *c, object_header h, const void *data, size_t len);
 static int whole_object_stored(kvt_cache *c, const kvt_key *key);
 
+/* 1 when an object is stored whole under h's key, of h's length (every
+ * part in a tier) or another (whole_object_stored), 0 when not, or the
+ * error that keeps it from telling. */
+static int stored_whole(kvt_cache *c, const object_header *h) {
+  kvt_key *keys = malloc(h->parts * sizeof *keys);
+  if (!keys) return -ENOMEM;
+  kvt__object_part_keys(c, &h->key, 0, h->parts, keys);
+  kvt_lookup_result res = {.size = sizeof res};
+  int rc = kvt_exists(c, NULL, keys, h->parts, KVT_KEYS_OPAQUE, &res, NULL);
+  free(keys);
+  if (rc) return rc;
+  return res.n_prefix == h->parts ? 1 : res.n_prefix > 0 ? whole_object_stored(c, &h->key) : 0;
+}
+
 int kvt_object_put(kvt_cache *c, const uint32_t *tokens, size_t n_tokens, const void *data, size_t len) {
   if (!c || !tokens || !data || len == 0 || len > MAX_OBJECT_BYTES) return -EINVAL;
   kvt_key *keys = NULL;
@@ -594,7 +637,14 @@ int kvt_object_put(kvt_cache *c, const uint32_t *tokens, size_t n_tokens, const 
   free(keys);
   if (!h.parts) return -EINVAL;
   key_claim me;
-  if ((rc = claim_take(c, &h.key, &me, 0, 0)) != 0) return rc;
+  rc = claim_take(c, &h.key, &me, 0, 0);
+  if (rc == KVT_EAGAIN && claim_take(c, &h.key, &me, 0, 1) == 0) {
+    /* Only gets hold the key: kept (1) when stored whole, else not now. */
+    int whole = stored_whole(c, &h);
+    claim_drop(c, &me);
+    return whole > 0 ? 1 : whole < 0 ? whole : KVT_EAGAIN;
+  }
+  if (rc) return rc;
   rc = object_put(c, h, data, len);
   claim_drop(c, &me);
   return rc;
@@ -607,11 +657,9 @@ static int object_put(kvt_cache *c, object_header h, const void *data, size_t le
   object_io io = {0};
   if ((rc = io_alloc(c, &io, (char *)(uintptr_t)data, len, block)) != 0) goto out;
   kvt__object_part_keys(c, &h.key, 0, h.parts, io.keys);
-  kvt_lookup_result res = {.size = sizeof res};
-  if ((rc = kvt_exists(c, NULL, io.keys, h.parts, KVT_KEYS_OPAQUE, &res, NULL)) != 0) goto out;
   /* An object stored whole under the key, of this length or another: kept.
    * Not known (part 0 unreadable for now): nothing written, that error. */
-  int whole = res.n_prefix == h.parts ? 1 : res.n_prefix > 0 ? whole_object_stored(c, &h.key) : 0;
+  int whole = stored_whole(c, &h);
   if (whole) {
     rc = whole > 0 ? 1 : whole;
     goto out;
