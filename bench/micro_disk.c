@@ -578,7 +578,7 @@ static void emit(kvt_bench_rows *rows, const run *r, const char *what, const cha
 /* As deep as the store: its default depth, and the ops it may hold (its
  * depth again for records hashed on its checksum threads). */
 static void size_pool(run *r) {
-  r->store_qd = kvt__disk_auto_depth(r->rec);
+  r->store_qd = kvt__disk_auto_depth(r->rec, 0);
   r->deep = r->store_qd > 64 ? r->store_qd : 64;
   snprintf(r->deep_name, sizeof r->deep_name, "u%u", r->deep);
   r->pool_recs = r->rec >= KVT_DISK_HANDOFF_BYTES ? 2 * r->store_qd : r->store_qd;
@@ -654,9 +654,9 @@ static int durable_row(const kvt_bench_micro_opts *o, kvt_bench_rows *rows, cons
   run r = {.payload = 2u << 20, .rec = kvt__record_bytes(BT, 2u << 20)};
   uint64_t file_bytes = o->quick ? (64ull << 20) : (1ull << 30);
   size_pool(&r);
-  /* The durable store's ops: its depth (at least 32) for each of the disk,
-   * the checksum threads and the syncs. */
-  uint32_t dq = r.store_qd < 32 ? 32 : r.store_qd, d_ops = 3 * dq, n_ops = 0;
+  /* The durable store's ops: its depth for each of the disk, the checksum
+   * threads and the syncs. */
+  uint32_t d_ops = 3 * kvt__disk_auto_depth(r.rec, 1), n_ops = 0;
   if (r.pool_recs < d_ops) r.pool_recs = d_ops > MAX_POOL_RECS ? MAX_POOL_RECS : d_ops;
   r.slots = file_bytes / r.rec < r.pool_recs * 2 ? r.pool_recs * 2 : file_bytes / r.rec;
   r.seconds = o->quick ? (o->seconds < 0.15 ? o->seconds : 0.15) : o->seconds * 0.6;

@@ -1053,22 +1053,24 @@ static void test_try_batch_never_waits(void **state) {
  * depth like at any other. */
 static void test_default_queue_depth_follows_record_size(void **state) {
   fx *f = *state;
-  assert_int_equal(kvt__disk_auto_depth(8u << 20), 8); /* 64 MiB: never under 8 */
-  assert_int_equal(kvt__disk_auto_depth((2u << 20) + 4096), 8);
-  assert_int_equal(kvt__disk_auto_depth(1u << 20), 16);
-  assert_int_equal(kvt__disk_auto_depth((896u + 4) << 10), 18);
-  assert_int_equal(kvt__disk_auto_depth(260u << 10), 63);
-  assert_int_equal(kvt__disk_auto_depth(64u << 10), 256);
-  assert_int_equal(kvt__disk_auto_depth(16u << 10), 256); /* never over 256 */
-  assert_int_equal(kvt__disk_auto_depth(4096), 256);
-  assert_int_equal(kvt__disk_auto_depth(0), 256);
+  assert_int_equal(kvt__disk_auto_depth(8u << 20, 0), 8); /* 64 MiB: never under 8 */
+  assert_int_equal(kvt__disk_auto_depth((2u << 20) + 4096, 0), 8);
+  assert_int_equal(kvt__disk_auto_depth(1u << 20, 0), 16);
+  assert_int_equal(kvt__disk_auto_depth((896u + 4) << 10, 0), 18);
+  assert_int_equal(kvt__disk_auto_depth(260u << 10, 0), 63);
+  assert_int_equal(kvt__disk_auto_depth(64u << 10, 0), 256);
+  assert_int_equal(kvt__disk_auto_depth(16u << 10, 0), 256); /* never over 256 */
+  assert_int_equal(kvt__disk_auto_depth(4096, 0), 256);
+  assert_int_equal(kvt__disk_auto_depth(0, 0), 256);
+  assert_int_equal(kvt__disk_auto_depth((2u << 20) + 4096, 1), 32); /* durable: never under 32 */
+  assert_int_equal(kvt__disk_auto_depth(64u << 10, 1), 256);
   kvt__disk_close(f->d);
   kvt__disk_cfg c = cfg_of(f, NS1);
   c.queue_depth = 0;
   assert_int_equal(kvt__disk_open(&c, &f->d), 0);
   kvt__disk_info in;
   kvt__disk_get_info(f->d, &in);
-  assert_int_equal(in.queue_depth, kvt__disk_auto_depth(f->rec_bytes));
+  assert_int_equal(in.queue_depth, kvt__disk_auto_depth(f->rec_bytes, 0));
   assert_true(in.queue_depth > 8);
   assert_true(in.ops >= in.queue_depth);
   /* Durable stores of 2 MiB records (a file of their own): 32 by default,

@@ -608,15 +608,12 @@ static int object_put(kvt_cache *c, object_header h, const void *data, size_t le
 static int whole_object_stored(kvt_cache *c, const kvt_key *key);
 
 /* 1 when an object is stored whole under h's key, of h's length (every
- * part in a tier) or another (whole_object_stored), 0 when not, or the
- * error that keeps it from telling. */
-static int stored_whole(kvt_cache *c, const object_header *h) {
-  kvt_key *keys = malloc(h->parts * sizeof *keys);
-  if (!keys) return -ENOMEM;
-  kvt__object_part_keys(c, &h->key, 0, h->parts, keys);
+ * one of its part keys, keys[0..h->parts), in a tier) or another
+ * (whole_object_stored), 0 when not, or the error that keeps it from
+ * telling. */
+static int stored_whole(kvt_cache *c, const object_header *h, const kvt_key *keys) {
   kvt_lookup_result res = {.size = sizeof res};
   int rc = kvt_exists(c, NULL, keys, h->parts, KVT_KEYS_OPAQUE, &res, NULL);
-  free(keys);
   if (rc) return rc;
   return res.n_prefix == h->parts ? 1 : res.n_prefix > 0 ? whole_object_stored(c, &h->key) : 0;
 }
@@ -640,7 +637,13 @@ int kvt_object_put(kvt_cache *c, const uint32_t *tokens, size_t n_tokens, const 
   rc = claim_take(c, &h.key, &me, 0, 0);
   if (rc == KVT_EAGAIN && claim_take(c, &h.key, &me, 0, 1) == 0) {
     /* Only gets hold the key: kept (1) when stored whole, else not now. */
-    int whole = stored_whole(c, &h);
+    kvt_key *pk = malloc(h.parts * sizeof *pk);
+    int whole = -ENOMEM;
+    if (pk) {
+      kvt__object_part_keys(c, &h.key, 0, h.parts, pk);
+      whole = stored_whole(c, &h, pk);
+      free(pk);
+    }
     claim_drop(c, &me);
     return whole > 0 ? 1 : whole < 0 ? whole : KVT_EAGAIN;
   }
@@ -659,7 +662,7 @@ static int object_put(kvt_cache *c, object_header h, const void *data, size_t le
   kvt__object_part_keys(c, &h.key, 0, h.parts, io.keys);
   /* An object stored whole under the key, of this length or another: kept.
    * Not known (part 0 unreadable for now): nothing written, that error. */
-  int whole = stored_whole(c, &h);
+  int whole = stored_whole(c, &h, io.keys);
   if (whole) {
     rc = whole > 0 ? 1 : whole;
     goto out;

@@ -58,7 +58,7 @@
  * restore_disk row: 0.91-0.94 of raw before and after). */
 #define AUTO_INFLIGHT_BYTES (16u << 20)
 #define AUTO_MIN_DEPTH 8u
-#define AUTO_DURABLE_MIN_DEPTH 32u /* see disk_new */
+#define AUTO_DURABLE_MIN_DEPTH 32u /* see kvt__disk_auto_depth */
 #define AUTO_MAX_DEPTH 256u
 #define BATCH 64u                 /* requests prepared and submitted together */
 #define REAP_TIMEOUT_NS 200000000 /* wake to re-check stop and deferred SQ flushes */
@@ -620,9 +620,13 @@ static int reaper_wait(kvt__disk *d) {
   return go;
 }
 
-uint32_t kvt__disk_auto_depth(uint64_t slot_bytes) {
+/* Durable writes wait for their group's fdatasync: the deeper the queue,
+ * the more writes each sync covers (at depth 8, 2 MiB records: 9.7 per
+ * sync and 0.91 of a normal spill; at 32: 24 and 1.00). */
+uint32_t kvt__disk_auto_depth(uint64_t slot_bytes, int durable) {
   uint64_t n = slot_bytes ? AUTO_INFLIGHT_BYTES / slot_bytes : AUTO_MAX_DEPTH;
-  return n < AUTO_MIN_DEPTH ? AUTO_MIN_DEPTH : n > AUTO_MAX_DEPTH ? AUTO_MAX_DEPTH : (uint32_t)n;
+  uint32_t least = durable ? AUTO_DURABLE_MIN_DEPTH : AUTO_MIN_DEPTH;
+  return n < least ? least : n > AUTO_MAX_DEPTH ? AUTO_MAX_DEPTH : (uint32_t)n;
 }
 
 static void *reaper_main(void *arg) {
@@ -893,11 +897,7 @@ static kvt__disk *disk_new(const kvt__disk_cfg *c) {
   d->handoff = d->slot_bytes >= KVT_DISK_HANDOFF_BYTES;
   d->data_off = KVT_DISK_SUPER_BYTES;
   d->ns = c->ns;
-  d->queue_depth = c->queue_depth ? c->queue_depth : kvt__disk_auto_depth(d->slot_bytes);
-  /* Durable writes wait for their group's fdatasync: the deeper the queue,
-   * the more writes each sync covers (at depth 8, 2 MiB records: 9.7 per
-   * sync and 0.91 of a normal spill; at 32: 24 and 1.00). */
-  if (!c->queue_depth && c->durable && d->queue_depth < AUTO_DURABLE_MIN_DEPTH) d->queue_depth = AUTO_DURABLE_MIN_DEPTH;
+  d->queue_depth = c->queue_depth ? c->queue_depth : kvt__disk_auto_depth(d->slot_bytes, c->durable);
   d->depth = d->queue_depth + (d->handoff ? d->queue_depth * KVT_DISK_HASH_HEADROOM_MUL : 0) +
              (c->durable ? d->queue_depth : 0);
   d->io_depth = d->depth > KVT_DISK_SCAN_MIN_WIDTH ? d->depth : KVT_DISK_SCAN_MIN_WIDTH;

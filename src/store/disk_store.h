@@ -74,8 +74,7 @@ typedef struct kvt__disk_cfg {
   uint32_t block_tokens;
   uint64_t payload_bytes;    /* per block */
   kvt_key ns;                /* namespace; a file of another one: KVT_ENAMESPACE unless reset */
-  uint32_t queue_depth;      /* I/Os at the disk (see Threads above); 0: kvt__disk_auto_depth,
-                                at least 32 for a durable store */
+  uint32_t queue_depth;      /* I/Os at the disk (see Threads above); 0: kvt__disk_auto_depth */
   kvt_disk_backend backend;
   int reset;                 /* discard the file's contents */
   const void *const *bufs;   /* host pool memory to register with the backend */
@@ -106,8 +105,8 @@ typedef struct kvt__disk_cfg {
  * backend and recovers. Returns 0, -errno, KVT_ENAMESPACE, KVT_ECORRUPT,
  * KVT_ELOCKED (another cache holds the file). May block. */
 /* The default queue depth for records of slot_bytes: enough of them for
- * 16 MiB at the disk, 8 to 256. */
-uint32_t kvt__disk_auto_depth(uint64_t slot_bytes);
+ * 16 MiB at the disk, 8 to 256 (durable: 32 to 256). */
+uint32_t kvt__disk_auto_depth(uint64_t slot_bytes, int durable);
 
 int kvt__disk_open(const kvt__disk_cfg *cfg, kvt__disk **out);
 void kvt__disk_close(kvt__disk *d); /* waits for I/O in flight; NULL is fine */
