@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +36,7 @@ void kl_options_init(kl_options *o) {
   o->host_bytes = 256ull << 20;
   o->disk_bytes = 1ull << 30;
   o->write_through = 1;
+  o->chunk_tokens = 512;
 }
 
 static void quiet_log(enum ggml_log_level level, const char *text, void *ctx) {
@@ -46,9 +48,9 @@ static void quiet_log(enum ggml_log_level level, const char *text, void *ctx) {
 static void fingerprint(kl_engine *e, char *buf, size_t len) {
   char desc[128];
   llama_model_desc(e->model, desc, sizeof desc);
-  snprintf(buf, len, "llama.cpp:%s:%llu params:%d layers:%d embd:vocab %d:fa off", desc,
+  snprintf(buf, len, "llama.cpp:%s:%llu params:%d layers:%d embd:vocab %d:fa off:chunks %u", desc,
            (unsigned long long)llama_model_n_params(e->model), llama_model_n_layer(e->model),
-           llama_model_n_embd(e->model), e->n_vocab);
+           llama_model_n_embd(e->model), e->n_vocab, e->opt.chunk_tokens);
 }
 
 static int open_cache(kl_engine *e) {
@@ -97,6 +99,12 @@ static void describe(kl_engine *e) {
 int kl_open(kl_engine *e, const kl_options *o) {
   memset(e, 0, sizeof *e);
   e->opt = *o;
+  if (!o->chunk_tokens) e->opt.chunk_tokens = 512;
+  if (e->opt.chunk_tokens % KEY_TOKENS || e->opt.chunk_tokens < 2 * KEY_TOKENS) {
+    fprintf(stderr, "kvt_llama: chunk_tokens %u is not a multiple of %d of at least %d\n", e->opt.chunk_tokens,
+            KEY_TOKENS, 2 * KEY_TOKENS);
+    return -EINVAL;
+  }
   llama_log_set(quiet_log, NULL);
   llama_backend_init();
   struct llama_model_params mp = llama_model_default_params();
@@ -109,7 +117,8 @@ int kl_open(kl_engine *e, const kl_options *o) {
   cp.n_ctx = o->n_ctx;
   cp.n_batch = 512;
   cp.n_ubatch = 512;
-  cp.n_seq_max = 1;
+  cp.n_seq_max = 2;     /* 0: the conversation; 1: a chunk on its way in or out */
+  cp.kv_unified = true; /* one cell array: a chunk joins sequence 0 by a tag (seq_cp), no copy */
   cp.n_threads = o->threads;
   cp.n_threads_batch = o->threads;
   cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED; /* exact truncation: see the README */
@@ -134,8 +143,10 @@ int kl_restart_cache(kl_engine *e) {
 }
 
 static void state_free(kl_engine *e);
+static void fetcher_stop(kl_engine *e);
 
 void kl_close(kl_engine *e) {
+  fetcher_stop(e);
   kvt_close(e->cache);
   if (e->batch.token) llama_batch_free(e->batch);
   if (e->ctx) llama_free(e->ctx);
@@ -208,49 +219,259 @@ static int state_room(kl_engine *e, size_t need) {
   return 0;
 }
 
-int kl_park(kl_engine *e, const llama_token *t, size_t n) {
-  size_t need = llama_state_seq_get_size(e->ctx, 0);
+/* ---- chunks ----
+ *
+ * A conversation's state goes to kvtier in chunks: the cells of tokens
+ * [s, end) as one llama.cpp sequence state (copied out of sequence 0 into
+ * sequence 1 by a tag, llama_memory_seq_cp, then llama_state_seq_get_data
+ * of sequence 1), filed as the object of the prefix t[0..end). Chunks start
+ * at multiples of chunk_tokens (C); a chunk is full (C tokens) when at least
+ * KEY_TOKENS more tokens follow it, else it is the conversation's last and
+ * runs to its end. So a chunk's start follows from its end, and the chunks
+ * of a prefix are the same objects in every conversation that shares it: a
+ * conversation parked again stores only the chunks it does not have yet.
+ * A restore finds the chain of chunks from token 0 (in memory: no reads),
+ * then the engine's reading threads read them (kvt_object_get, in order)
+ * while the serving thread hands each to llama.cpp as soon as it has
+ * landed: set_data into sequence 1, then a tag joins its cells to sequence
+ * 0. llama.cpp's own file load overlaps its set_data with the kernel's
+ * read-ahead in the same way. */
+
+static size_t chunk_start(const kl_engine *e, size_t end) {
+  size_t c = e->opt.chunk_tokens;
+  return end < c + KEY_TOKENS ? 0 : (end - KEY_TOKENS) / c * c;
+}
+
+/* Stores the cells of t[s..end) (sequence 0) as their chunk's object, unless
+ * an object already stored there covers them. 0 stored or already there, 1
+ * not stored this time (another object under its key, or its parts busy),
+ * or a negative code. */
+static int put_chunk(kl_engine *e, kvt_cache *into, const llama_token *t, size_t s, size_t end) {
+  kvt_object_info in = {.size = sizeof in};
+  if (kvt_object_find(into, (const uint32_t *)t, end, &in) == 0 && chunk_start(e, in.n_tokens) == s &&
+      in.match_tokens >= end) {
+    e->chunks_kept++;
+    return 0;
+  }
+  llama_memory_t mem = llama_get_memory(e->ctx);
+  llama_memory_seq_cp(mem, 0, 1, (llama_pos)s, (llama_pos)end);
+  size_t need = llama_state_seq_get_size(e->ctx, 1);
   int rc = state_room(e, need);
+  size_t len = rc ? 0 : llama_state_seq_get_data(e->ctx, e->state, need, 1);
+  llama_memory_seq_rm(mem, 1, -1, -1);
   if (rc) return rc;
-  size_t len = llama_state_seq_get_data(e->ctx, e->state, need, 0);
-  kl_clear(e);
   if (len == 0) return -EIO;
-  rc = kvt_object_put(e->cache, (const uint32_t *)t, n, e->state, len);
+  rc = kvt_object_put(into, (const uint32_t *)t, end, e->state, len);
+  if (rc == 0) e->chunks_put++;
   return rc == KVT_EAGAIN ? 1 : rc; /* parts of that key in flight (a spill): parking is best effort */
+}
+
+int kl_store(kl_engine *e, kvt_cache *into, const llama_token *t, size_t n) {
+  if (!into) into = e->cache;
+  if (n < KEY_TOKENS) return -EINVAL;
+  size_t c = e->opt.chunk_tokens;
+  int busy = 0;
+  for (size_t s = 0;; s += c) {
+    size_t end = s + c + KEY_TOKENS <= n ? s + c : n;
+    int rc = put_chunk(e, into, t, s, end);
+    if (rc < 0) return rc;
+    busy |= rc;
+    if (end == n) break;
+  }
+  return busy;
+}
+
+int kl_park(kl_engine *e, const llama_token *t, size_t n) {
+  int rc = kl_store(e, NULL, t, n);
+  kl_clear(e);
+  return rc;
+}
+
+/* One chunk of a restore: its object, the tokens it starts at and those of
+ * it kept, where it lands in the state buffer, and how its read went. */
+typedef struct kl_chunk {
+  kvt_object_info info;
+  size_t start, keep, off;
+  int rc, landed;
+  double get_s;
+} kl_chunk;
+
+/* The reading threads: they take a restore's chunks in order, two disk
+ * reads in flight, so that one read's fixed costs (its submission, its
+ * checksum tail, the wake-ups) overlap the other's transfer. A host-tier
+ * chunk is read alone: its read is kvtier's copy workers' memcpy, which a
+ * second read in flight would only share the CPUs with. */
+#define READERS 2
+
+typedef struct kl_fetcher {
+  pthread_t threads[READERS];
+  int n_threads;
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  int quit, stop;          /* quit: the threads end; stop: take no more chunks */
+  kl_chunk *plan;
+  uint32_t n, next, active; /* chunks asked for, the next one to take, reads in flight */
+  const llama_token *t;
+  kl_engine *e;
+} kl_fetcher;
+
+static void *fetcher_main(void *arg) {
+  kl_fetcher *f = arg;
+  pthread_mutex_lock(&f->lock);
+  for (;;) {
+    while (!f->quit && (f->stop || f->next >= f->n || (f->active && f->plan[f->next].info.tier != KVT_TIER_DISK)))
+      pthread_cond_wait(&f->cond, &f->lock);
+    if (f->quit) break;
+    kl_chunk *ch = &f->plan[f->next++];
+    f->active++;
+    pthread_mutex_unlock(&f->lock);
+    double t0 = kl_now();
+    int rc = kvt_object_get(f->e->cache, &ch->info, (const uint32_t *)f->t, f->e->state + ch->off,
+                            f->e->state_cap - ch->off);
+    double t1 = kl_now();
+    pthread_mutex_lock(&f->lock);
+    ch->rc = rc;
+    ch->get_s = t1 - t0;
+    ch->landed = 1;
+    f->active--;
+    if (rc) f->stop = 1; /* the chunks after it are not wanted */
+    pthread_cond_broadcast(&f->cond);
+  }
+  pthread_mutex_unlock(&f->lock);
+  return NULL;
+}
+
+static void fetcher_stop(kl_engine *e) {
+  kl_fetcher *f = e->fetch;
+  if (!f) return;
+  pthread_mutex_lock(&f->lock);
+  f->quit = 1;
+  pthread_cond_broadcast(&f->cond);
+  pthread_mutex_unlock(&f->lock);
+  for (int i = 0; i < f->n_threads; i++) pthread_join(f->threads[i], NULL);
+  pthread_mutex_destroy(&f->lock);
+  pthread_cond_destroy(&f->cond);
+  free(f);
+  e->fetch = NULL;
+}
+
+static int fetcher_start(kl_engine *e) {
+  if (e->fetch) return 0;
+  kl_fetcher *f = calloc(1, sizeof *f);
+  if (!f) return -ENOMEM;
+  pthread_mutex_init(&f->lock, NULL);
+  pthread_cond_init(&f->cond, NULL);
+  f->e = e;
+  e->fetch = f;
+  for (; f->n_threads < READERS; f->n_threads++)
+    if (pthread_create(&f->threads[f->n_threads], NULL, fetcher_main, f)) break;
+  if (f->n_threads == 0) {
+    fetcher_stop(e);
+    return -EAGAIN;
+  }
+  return 0;
+}
+
+/* The chain of stored chunks from token 0 for t[0..n): at most one per
+ * start, each found (kvt_object_find, from memory) as the longest stored
+ * prefix that ends where a chunk starting there can end. A chunk that runs
+ * past the next start (a conversation's last) is cut there when a chunk
+ * starts there, else kept whole. Returns how many; the last one's keep is
+ * what the restore gives (never the last token, whose logits must be
+ * computed). */
+static uint32_t plan_chunks(kl_engine *e, const llama_token *t, size_t n, kl_chunk *plan, uint32_t max) {
+  size_t c = e->opt.chunk_tokens, p = 0, whole = 0;
+  uint32_t k = 0;
+  while (k < max && p + 1 < n) {
+    size_t lim = p + c + KEY_TOKENS - 1 < n ? p + c + KEY_TOKENS - 1 : n;
+    kl_chunk *ch = &plan[k];
+    ch->info = (kvt_object_info){.size = sizeof ch->info};
+    if (lim < KEY_TOKENS || kvt_object_find(e->cache, (const uint32_t *)t, lim, &ch->info)) break;
+    if (chunk_start(e, ch->info.n_tokens) != p || ch->info.match_tokens <= p) break;
+    ch->start = p;
+    ch->keep = whole = ch->info.match_tokens < n - 1 ? (size_t)ch->info.match_tokens : n - 1;
+    k++;
+    if (ch->keep < p + c || ch->keep == n - 1) break;
+    ch->keep = p + c; /* if the next chunk is there */
+    p += c;
+  }
+  if (k) plan[k - 1].keep = whole;
+  return k;
 }
 
 static void calibrate_link(kvt_link *l, double bytes, double s) {
   if (s > 0) l->bytes_per_s = l->bytes_per_s * (1 - EWMA) + bytes / s * EWMA;
 }
 
-/* Restores info's object into sequence 0, truncated to `keep` tokens. */
-static int restore(kl_engine *e, const kvt_object_info *info, const llama_token *t, size_t keep, kl_turn *turn) {
-  int rc = state_room(e, info->bytes);
-  if (rc) return rc;
-  double t0 = kl_now();
-  rc = kvt_object_get(e->cache, info, (const uint32_t *)t, e->state, e->state_cap);
-  double t1 = kl_now();
-  turn->get_s = t1 - t0;
-  if (rc) return rc;
-  if (llama_state_seq_set_data(e->ctx, e->state, info->bytes, 0) == 0) {
-    kl_clear(e);
-    return -EIO;
-  }
-  if (keep < info->n_tokens && !llama_memory_seq_rm(llama_get_memory(e->ctx), 0, (llama_pos)keep, -1)) {
-    kl_clear(e);
-    return -EIO;
-  }
-  double t2 = kl_now();
-  turn->set_s = t2 - t1;
-  /* Calibration: a host-tier read plus set_data stands for the "PCIe" hop,
-   * a disk-tier read for the disk one. */
-  if (info->tier == KVT_TIER_DISK) {
-    calibrate_link(&e->hw.host_disk, (double)info->bytes, t1 - t0);
-    calibrate_link(&e->hw.device_host, (double)info->bytes, t2 - t1);
-  } else {
-    calibrate_link(&e->hw.device_host, (double)info->bytes, t2 - t0);
+/* One landed chunk into sequence 0, cut to its keep. */
+static int set_chunk(kl_engine *e, const kl_chunk *ch, int first) {
+  llama_memory_t mem = llama_get_memory(e->ctx);
+  llama_seq_id into = first ? 0 : 1;
+  if (llama_state_seq_set_data(e->ctx, e->state + ch->off, ch->info.bytes, into) == 0) return -EIO;
+  if (ch->keep < ch->info.n_tokens && !llama_memory_seq_rm(mem, into, (llama_pos)ch->keep, -1)) return -EIO;
+  if (!first) {
+    llama_memory_seq_cp(mem, 1, 0, -1, -1);
+    llama_memory_seq_rm(mem, 1, -1, -1);
   }
   return 0;
+}
+
+/* Restores plan[0..k) into sequence 0: returns the tokens restored (those
+ * of the chunks that landed and were set, in order). */
+static size_t restore(kl_engine *e, kl_chunk *plan, uint32_t k, const llama_token *t, kl_turn *turn) {
+  size_t total = 0;
+  for (uint32_t j = 0; j < k; j++) {
+    plan[j].off = total;
+    total += (plan[j].info.bytes + 4095) & ~(size_t)4095;
+  }
+  if (state_room(e, total) || fetcher_start(e)) return 0;
+  kl_fetcher *f = e->fetch;
+  pthread_mutex_lock(&f->lock);
+  f->plan = plan;
+  f->n = k;
+  f->next = 0;
+  f->stop = 0;
+  f->t = t;
+  pthread_cond_broadcast(&f->cond);
+  size_t have = 0;
+  for (uint32_t j = 0; j < k; j++) {
+    while (!plan[j].landed && !(f->stop && j >= f->next)) pthread_cond_wait(&f->cond, &f->lock);
+    if (!plan[j].landed || plan[j].rc) {
+      turn->refused = 1; /* found, but not read whole (evicted since, damaged): the rest is computed */
+      break;
+    }
+    pthread_mutex_unlock(&f->lock);
+    double s0 = kl_now();
+    int rc = set_chunk(e, &plan[j], j == 0);
+    double s1 = kl_now();
+    turn->set_s += s1 - s0;
+    pthread_mutex_lock(&f->lock);
+    if (rc) {
+      have = 0;
+      turn->refused = 1;
+      kl_clear(e);
+      break;
+    }
+    have = plan[j].keep;
+    turn->chunks++;
+    /* Calibration: a disk-tier read stands for the disk hop; a host-tier
+     * read plus set_data, and set_data after a disk read, for the "PCIe" one. */
+    if (plan[j].info.tier == KVT_TIER_DISK) {
+      calibrate_link(&e->hw.host_disk, (double)plan[j].info.bytes, plan[j].get_s);
+      calibrate_link(&e->hw.device_host, (double)plan[j].info.bytes, s1 - s0);
+    } else {
+      calibrate_link(&e->hw.device_host, (double)plan[j].info.bytes, plan[j].get_s + s1 - s0);
+    }
+    if (turn->tier == KVT_TIER_NONE || plan[j].info.tier > turn->tier) turn->tier = plan[j].info.tier;
+  }
+  f->stop = 1; /* what is not read yet is not wanted */
+  while (f->active) pthread_cond_wait(&f->cond, &f->lock);
+  for (uint32_t j = 0; j < k; j++)
+    if (plan[j].landed) turn->get_s += plan[j].get_s;
+  f->n = 0;
+  pthread_mutex_unlock(&f->lock);
+  if (!have) turn->tier = KVT_TIER_NONE;
+  return have;
 }
 
 int kl_serve(kl_engine *e, const llama_token *t, size_t n, float *logits, kl_turn *turn) {
@@ -259,31 +480,29 @@ int kl_serve(kl_engine *e, const llama_token *t, size_t n, float *logits, kl_tur
   turn->n_tokens = n;
   turn->tier = KVT_TIER_NONE;
   kl_clear(e);
-  size_t have = 0;
-  kvt_object_info info = {.size = sizeof info};
+  size_t have = 0, max = n / e->opt.chunk_tokens + 2;
+  kl_chunk *plan = calloc(max, sizeof *plan);
+  if (!plan) return -ENOMEM;
   double cpu0 = kl_cpu_now(), f0 = kl_now();
-  int found = n > 1 && kvt_object_find(e->cache, (const uint32_t *)t, n, &info) == 0;
+  uint32_t k = n > 1 ? plan_chunks(e, t, n, plan, (uint32_t)max) : 0;
   turn->find_s = kl_now() - f0;
-  if (found) {
-    /* The first token's logits need one token computed. */
-    size_t keep = info.match_tokens < n ? (size_t)info.match_tokens : n - 1;
-    uint64_t bytes = info.bytes;
+  if (k) {
+    size_t keep = plan[k - 1].keep;
+    uint64_t host = 0, disk = 0;
+    for (uint32_t j = 0; j < k; j++) *(plan[j].info.tier == KVT_TIER_DISK ? &disk : &host) += plan[j].info.bytes;
     turn->est_recompute_s = kvt_cost_compute_s(&e->desc, &e->hw, 0, n);
-    turn->est_restore_s = kvt_cost_transfer_s(&e->hw, info.tier == KVT_TIER_DISK ? 0 : bytes,
-                                              info.tier == KVT_TIER_DISK ? bytes : 0) +
-                          kvt_cost_compute_s(&e->desc, &e->hw, keep, n);
+    turn->est_restore_s = kvt_cost_transfer_s(&e->hw, host, disk) + kvt_cost_compute_s(&e->desc, &e->hw, keep, n);
     int go = e->opt.force > 0 || (e->opt.force == 0 && turn->est_restore_s < turn->est_recompute_s);
     if (!go) {
       turn->decided_recompute = 1;
-    } else if (restore(e, &info, t, keep, turn) == 0) {
-      have = keep;
-      turn->tier = info.tier;
     } else {
-      turn->refused = 1;
+      have = restore(e, plan, k, t, turn);
     }
   }
+  free(plan);
   turn->restore_cpu_s = kl_cpu_now() - cpu0;
   double t1 = kl_now();
+  turn->restore_s = t1 - f0;
   int rc = kl_prefill(e, t, have, n, logits);
   turn->prefill_s = kl_now() - t1;
   turn->restored = have;

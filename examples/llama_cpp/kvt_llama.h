@@ -1,17 +1,24 @@
 /*
  * kvt_llama.h - llama.cpp conversations kept in kvtier.
  *
- * llama.cpp hands a sequence's KV cache over only as one opaque state
+ * llama.cpp hands a sequence's KV cache over only as opaque states
  * (llama_state_seq_get_data / set_data), so each idle conversation goes to
- * kvtier as an object filed under its prefix (kvt_object_put). A returning
- * conversation is restored from the longest stored prefix of its tokens,
- * truncated to the tokens that match (llama_memory_seq_rm), and only the
- * rest is prefilled, when the cost model (fed with the measured prefill
- * speed and copy bandwidths) says restoring beats recomputing.
+ * kvtier as objects (kvt_object_put): one per chunk of chunk_tokens tokens,
+ * the state of that chunk's cells, filed under the prefix that ends with
+ * it. Conversations that share a prefix share its chunks, and a
+ * conversation parked again stores only its new ones. A returning
+ * conversation is restored from the longest chain of stored chunks that
+ * matches its tokens, truncated to the tokens that match
+ * (llama_memory_seq_rm), and only the rest is prefilled, when the cost
+ * model (fed with the measured prefill speed and copy bandwidths) says
+ * restoring beats recomputing. The chunks are read on a thread of the
+ * engine's while each one that has landed is handed to llama.cpp, so
+ * set_data overlaps the reads.
  *
- * One llama.cpp context serves one conversation at a time in sequence 0:
- * the context's memory is what idle conversations are moved out of.
- * Not thread-safe: one kl_engine per serving thread.
+ * One llama.cpp context serves one conversation at a time in sequence 0
+ * (sequence 1 carries chunks in and out): the context's memory is what
+ * idle conversations are moved out of. Not thread-safe: one kl_engine per
+ * serving thread.
  */
 #ifndef KVT_LLAMA_H
 #define KVT_LLAMA_H
@@ -32,6 +39,8 @@ typedef struct kl_options {
   int disk_reset;          /* 1: start the disk tier empty */
   int write_through;       /* 1 (default): a parked state goes to disk at once too, so a restart keeps it */
   int force;               /* 0: the cost model decides; 1: always restore; -1: never */
+  uint32_t chunk_tokens;   /* a state is stored in chunks of this many tokens (512; a multiple
+                              of 32, at least 64); part of the cache's namespace */
 } kl_options;
 
 void kl_options_init(kl_options *o);
@@ -41,15 +50,21 @@ typedef struct kl_turn {
   uint64_t n_tokens;       /* the conversation's tokens this turn */
   uint64_t restored;       /* tokens whose KV came from kvtier */
   uint64_t computed;       /* tokens prefilled */
-  uint32_t tier;           /* KVT_TIER_* of the object restored, else KVT_TIER_NONE */
-  int refused;             /* an object was found but failed (corrupt, mismatch): recomputed */
+  uint32_t tier;           /* KVT_TIER_* of the slowest chunk restored, else KVT_TIER_NONE */
+  uint32_t chunks;         /* chunks restored */
+  int refused;             /* a chunk was found but not restored (damaged, evicted since): the
+                              tokens from it on were computed */
   int decided_recompute;   /* the cost model chose recomputing over a stored object */
   double ttft_s;           /* from the call to the first token's logits */
   double est_restore_s, est_recompute_s;
-  /* Where ttft_s went (wall seconds): kvt_object_find, kvt_object_get,
-   * llama_state_seq_set_data plus the truncation, and the prefill. */
-  double find_s, get_s, set_s, prefill_s;
-  double restore_cpu_s;    /* process CPU time of find + get + set (every thread's) */
+  /* Where ttft_s went (wall seconds): the restore (restore_s: finding the
+   * chunks, then reading them while earlier ones are handed to llama.cpp)
+   * and the prefill. Within the restore: kvt_object_find of every chunk
+   * (find_s); kvt_object_get of every chunk (get_s, on the reading thread)
+   * and llama_state_seq_set_data plus the truncation and tagging (set_s),
+   * which overlap, so restore_s < find_s + get_s + set_s. */
+  double restore_s, find_s, get_s, set_s, prefill_s;
+  double restore_cpu_s;    /* process CPU time of the restore (every thread's) */
 } kl_turn;
 
 typedef struct kl_engine {
@@ -67,6 +82,9 @@ typedef struct kl_engine {
   size_t state_map_len;
   llama_batch batch;
   uint32_t n_batch;
+  struct kl_fetcher *fetch; /* the thread that reads a restore's chunks */
+  uint64_t chunks_put;     /* chunks stored by kl_store / kl_park */
+  uint64_t chunks_kept;    /* chunks kl_store found stored already (shared prefixes, earlier parks) */
 } kl_engine;
 
 /* Loads the model, makes a context (flash attention off, fixed threads:
@@ -82,12 +100,18 @@ void kl_close(kl_engine *e);
  * NULL). The conversation then holds the context until kl_park. */
 int kl_serve(kl_engine *e, const llama_token *t, size_t n, float *logits, kl_turn *turn);
 
-/* The conversation in the context, t[0..n), goes idle: its state is put
- * into kvtier under its prefix and the context is cleared. Returns 0, 1 (an
- * object for that prefix was already stored, or kvtier was still moving
- * parts of the one stored there: not parked this time, which only costs a
- * recompute later) or a negative code. */
+/* The conversation in the context, t[0..n) (n >= 32), goes idle: its
+ * state is put into kvtier, chunk by chunk (the chunks already stored are
+ * kept as they are), and the context is cleared. Returns 0, 1 (a chunk was
+ * not stored this time: another object under its prefix, or kvtier was
+ * still moving parts of the one stored there; that only costs a recompute
+ * later) or a negative code. */
 int kl_park(kl_engine *e, const llama_token *t, size_t n);
+
+/* kl_park without clearing the context, into the cache `into` (NULL: the
+ * engine's own; another kl_engine's cache of the same model and
+ * chunk_tokens). */
+int kl_store(kl_engine *e, kvt_cache *into, const llama_token *t, size_t n);
 
 /* Closes kvtier's cache and opens it again on the same disk tier, as a
  * process restart does (llama.cpp's model and context stay): the host tier

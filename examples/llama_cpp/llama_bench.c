@@ -7,18 +7,23 @@
  *
  *   llama_bench --model M.gguf [--dir D] [--lengths 512,2048,4096,8192]
  *               [--new 32] [--threads 2] [--rounds 15] [--reps 3]
- *               [--convs 8] [--conv-tokens 2048]
+ *               [--convs 8] [--conv-tokens 2048] [--chunk 512]
  *
  * A returning conversation has `length` tokens stored and `new` more. Every
- * mode restores the same state (one llama_state_seq_get_data, put into
- * kvtier and saved to llama.cpp's file) and prefills the same new tokens.
+ * mode restores the same cells (kvtier holds them in chunks of --chunk
+ * tokens, kl_store; llama.cpp's file holds them whole, saved from the same
+ * context) and prefills the same new tokens.
  * The modes run interleaved, in a rotating order, for --rounds rounds
  * (recomputing, which takes seconds, in the first --reps of them); each
  * figure is a median. The time to first token is mostly the new tokens'
  * prefill, the same work in every mode, so on a loaded machine its noise
  * hides the restores: they are also reported on their own, in wall time and
  * in process CPU time (every thread's: kvtier's workers and disk threads
- * included), which the load disturbs far less.
+ * included), which the load disturbs far less. kvtier's restore is the
+ * wall time from its first kvt_object_find to its last chunk handed to
+ * llama.cpp; its steps column sums the chunks' finds, their reads (on
+ * kvt_llama's reading threads, two disk reads in flight) and their
+ * set_data (overlapping the reads), so the steps add up to more than it.
  *
  * Page cache, stated: kvtier's disk tier reads with O_DIRECT, so it always
  * reads the device. llama.cpp's file is read twice per round: once just
@@ -147,8 +152,7 @@ static int kvtier_sample(kl_engine *e, const llama_token *t, size_t len, size_t 
             (unsigned long long)tr.restored, len, tr.tier, want);
     return -1;
   }
-  *s = (sample){tr.ttft_s, tr.find_s + tr.get_s + tr.set_s, tr.restore_cpu_s, tr.find_s, tr.get_s, tr.set_s,
-                i1 - i0, (s1 - s0) / 2};
+  *s = (sample){tr.ttft_s, tr.restore_s, tr.restore_cpu_s, tr.find_s, tr.get_s, tr.set_s, i1 - i0, (s1 - s0) / 2};
   return 0;
 }
 
@@ -176,20 +180,14 @@ static int recompute_sample(kl_engine *e, const llama_token *t, size_t n, sample
   return 0;
 }
 
-/* The state of t[0..len) into both caches and llama.cpp's file: the same bytes. */
+/* The state of t[0..len) into both caches (in chunks, kl_store) and
+ * llama.cpp's file (whole): the same cells. */
 static int store_state(bench *b, kl_engine *h, kl_engine *d, const llama_token *t, size_t len, size_t *bytes) {
   kl_clear(h);
   if (kl_prefill(h, t, 0, len, NULL)) return -1;
   if (llama_state_seq_save_file(h->ctx, b->file, 0, t, len) == 0) return -1;
-  size_t need = llama_state_seq_get_size(h->ctx, 0);
-  uint8_t *st = malloc(need);
-  if (!st) return -1;
-  *bytes = llama_state_seq_get_data(h->ctx, st, need, 0);
-  kvt_object_remove(h->cache, (const uint32_t *)t, len);
-  kvt_object_remove(d->cache, (const uint32_t *)t, len);
-  int rc = kvt_object_put(h->cache, (const uint32_t *)t, len, st, *bytes) ||
-           kvt_object_put(d->cache, (const uint32_t *)t, len, st, *bytes);
-  free(st);
+  *bytes = llama_state_seq_get_size(h->ctx, 0);
+  int rc = kl_store(h, h->cache, t, len) || kl_store(h, d->cache, t, len);
   kvt_drain(h->cache);
   kvt_drain(d->cache);
   kl_clear(h);
@@ -268,7 +266,7 @@ static int per_length(bench *b, const size_t *lengths, int n_len) {
   kl_prefill(&h, t, 0, 256, NULL);
   kl_prefill(&d, t, 0, 256, NULL);
   printf("\nTTFT of a returning conversation (ms; speedup over recomputing in the same rounds). Restore: "
-         "kvtier's find + get + set_data, llama.cpp's load_file (its read + set_data)\n");
+         "kvtier's finds, then its reads overlapped with set_data; llama.cpp's load_file (its read + set_data)\n");
   for (int i = 0; i < n_len; i++) {
     size_t len = lengths[i], bytes = 0;
     tokens_of(t, len + b->fresh, 100 + (uint32_t)i, h.n_vocab);
@@ -418,6 +416,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--reps") && i + 1 < argc) b.reps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--new") && i + 1 < argc) b.fresh = (size_t)atol(argv[++i]);
     else if (!strcmp(argv[i], "--convs") && i + 1 < argc) convs = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--chunk") && i + 1 < argc) b.o.chunk_tokens = (uint32_t)atoi(argv[++i]);
     else if (!strcmp(argv[i], "--conv-tokens") && i + 1 < argc) conv_tokens = (size_t)atol(argv[++i]);
     else if (!strcmp(argv[i], "--lengths") && i + 1 < argc) {
       n_len = 0;
@@ -427,7 +426,7 @@ int main(int argc, char **argv) {
       }
     } else {
       fprintf(stderr, "usage: %s --model M.gguf [--dir D] [--lengths 512,2048,...] [--new N] [--threads N] "
-                      "[--rounds N] [--reps N (0: no recompute)] [--convs N (0: none)] [--conv-tokens N]\n", argv[0]);
+                      "[--rounds N] [--reps N (0: no recompute)] [--convs N (0: none)] [--conv-tokens N] [--chunk N]\n", argv[0]);
       return 2;
     }
   }

@@ -4,9 +4,12 @@
  * llama.cpp computes a batch of one token by another kernel than a longer
  * batch, so the runs compared split the tokens alike); so does a restored state truncated
  * to a shorter prefix and extended with new tokens, one restored from disk
- * after the engine restarts, and one whose stored record was corrupted (it
- * is refused and the conversation recomputed). Runs on the small random
- * model that scripts/llama-deps.sh writes. */
+ * after the engine restarts, one whose stored record was corrupted (it
+ * is refused and the conversation recomputed), one that shares a prefix
+ * with another conversation's chunks, and one whose chain of chunks has a
+ * gap. States go in chunks of 128 tokens here, so every conversation but
+ * the shortest is several chunks. Runs on the small random model that
+ * scripts/llama-deps.sh writes. */
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,6 +37,7 @@ static void options(kl_options *o, uint64_t host_bytes, int reset) {
   o->disk_bytes = 64ull << 20;
   o->disk_reset = reset;
   o->force = 1; /* restore whenever something is stored: these tests check exactness */
+  o->chunk_tokens = 128;
 }
 
 static void engine_open(kl_engine *e, uint64_t host_bytes, int reset) {
@@ -89,6 +93,7 @@ static void restored_logits_are_bit_exact(void **s) {
   assert_int_equal(kl_serve(&e, t, 300, NULL, &turn), 0);
   assert_int_equal(turn.restored, 0);
   assert_int_equal(kl_park(&e, t, 300), 0);
+  assert_int_equal(e.chunks_put, 3); /* [0, 128), [128, 256), [256, 300) */
   /* The next turn: all 300 tokens restored, 100 new ones prefilled. */
   serve_exact(&e, t, 400, 300, KVT_TIER_HOST);
   /* The same 300 again: the last one is recomputed for its logits. */
@@ -166,6 +171,75 @@ static void a_corrupted_record_is_refused_and_recomputed_exactly(void **s) {
   kl_close(&e);
 }
 
+/* Conversation B shares A's first 256 tokens: it restores A's first two
+ * chunks and computes the rest; parked, it stores only its own chunks. */
+static void a_shared_prefix_restores_the_shared_chunks(void **s) {
+  (void)s;
+  kl_engine e;
+  engine_open(&e, 64ull << 20, 1);
+  llama_token a[400], b[400];
+  tokens_of(a, 400, 30, e.n_vocab);
+  tokens_of(b, 400, 31, e.n_vocab);
+  memcpy(b, a, 256 * sizeof *b);
+  kl_turn turn;
+  assert_int_equal(kl_serve(&e, a, 300, NULL, &turn), 0);
+  assert_int_equal(kl_park(&e, a, 300), 0);
+  assert_int_equal(e.chunks_put, 3);
+  serve_exact(&e, b, 350, 256, KVT_TIER_HOST);
+  kl_turn again;
+  assert_int_equal(kl_serve(&e, b, 350, NULL, &again), 0);
+  assert_int_equal(again.chunks, 2);
+  assert_int_equal(kl_park(&e, b, 350), 0);
+  assert_int_equal(e.chunks_put, 4);  /* b's [256, 350) */
+  assert_int_equal(e.chunks_kept, 2); /* [0, 128) and [128, 256) were there */
+  serve_exact(&e, b, 400, 350, KVT_TIER_HOST);
+  serve_exact(&e, a, 400, 300, KVT_TIER_HOST);
+  kl_close(&e);
+}
+
+/* A's last chunk, [256, 400), runs past 384, where B (A's 400 tokens and
+ * more) has a chunk of its own: restoring B cuts A's chunk at 384 and
+ * goes on with B's; restoring A keeps its chunk whole. */
+static void a_last_chunk_is_cut_where_a_longer_chain_goes_on(void **s) {
+  (void)s;
+  kl_engine e;
+  engine_open(&e, 64ull << 20, 1);
+  llama_token a[700], b[700];
+  tokens_of(a, 700, 50, e.n_vocab);
+  tokens_of(b, 700, 51, e.n_vocab);
+  memcpy(b, a, 400 * sizeof *b);
+  kl_turn turn;
+  assert_int_equal(kl_serve(&e, a, 400, NULL, &turn), 0);
+  assert_int_equal(kl_park(&e, a, 400), 0);
+  assert_int_equal(kl_serve(&e, b, 600, NULL, &turn), 0);
+  assert_int_equal(turn.restored, 400);
+  assert_int_equal(kl_park(&e, b, 600), 0);
+  assert_int_equal(e.chunks_kept, 3); /* A's three: its last serves as B's [256, 384) */
+  assert_int_equal(e.chunks_put, 3 + 2); /* B's [384, 512) and [512, 600) */
+  serve_exact(&e, b, 700, 600, KVT_TIER_HOST);
+  kl_serve(&e, b, 700, NULL, &turn);
+  assert_int_equal(turn.chunks, 5);
+  serve_exact(&e, a, 500, 400, KVT_TIER_HOST);
+  kl_close(&e);
+}
+
+/* A chunk in the middle of the chain gone (removed, as an eviction does):
+ * the chunks before it are restored, the rest computed. */
+static void a_gap_in_the_chain_restores_up_to_it(void **s) {
+  (void)s;
+  kl_engine e;
+  engine_open(&e, 0, 1);
+  llama_token t[500];
+  tokens_of(t, 500, 40, e.n_vocab);
+  kl_turn turn;
+  assert_int_equal(kl_serve(&e, t, 420, NULL, &turn), 0);
+  assert_int_equal(kl_park(&e, t, 420), 0);
+  assert_int_equal(e.chunks_put, 4); /* 0, 128, 256, then [384, 420) */
+  assert_int_equal(kvt_object_remove(e.cache, (const uint32_t *)t, 256), 0);
+  serve_exact(&e, t, 500, 128, KVT_TIER_DISK);
+  kl_close(&e);
+}
+
 int main(void) {
   if (access(KVT_LLAMA_MODEL, R_OK) != 0) kvt_test_skip("the test model %s is missing: run scripts/llama-deps.sh", KVT_LLAMA_MODEL);
   const struct CMUnitTest tests[] = {
@@ -173,6 +247,9 @@ int main(void) {
       cmocka_unit_test(truncated_state_with_a_new_suffix_is_exact),
       cmocka_unit_test(restore_from_disk_after_a_restart_is_exact),
       cmocka_unit_test(a_corrupted_record_is_refused_and_recomputed_exactly),
+      cmocka_unit_test(a_shared_prefix_restores_the_shared_chunks),
+      cmocka_unit_test(a_gap_in_the_chain_restores_up_to_it),
+      cmocka_unit_test(a_last_chunk_is_cut_where_a_longer_chain_goes_on),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
