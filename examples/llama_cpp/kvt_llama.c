@@ -36,7 +36,7 @@ void kl_options_init(kl_options *o) {
   o->host_bytes = 256ull << 20;
   o->disk_bytes = 1ull << 30;
   o->write_through = 1;
-  o->chunk_tokens = 512;
+  o->chunk_tokens = 0;
 }
 
 static void quiet_log(enum ggml_log_level level, const char *text, void *ctx) {
@@ -99,10 +99,9 @@ static void describe(kl_engine *e) {
 int kl_open(kl_engine *e, const kl_options *o) {
   memset(e, 0, sizeof *e);
   e->opt = *o;
-  if (!o->chunk_tokens) e->opt.chunk_tokens = 512;
-  if (e->opt.chunk_tokens % KEY_TOKENS || e->opt.chunk_tokens < 2 * KEY_TOKENS) {
-    fprintf(stderr, "kvt_llama: chunk_tokens %u is not a multiple of %d of at least %d\n", e->opt.chunk_tokens,
-            KEY_TOKENS, 2 * KEY_TOKENS);
+  if (o->chunk_tokens && (o->chunk_tokens % KEY_TOKENS || o->chunk_tokens < 2 * KEY_TOKENS)) {
+    fprintf(stderr, "kvt_llama: chunk_tokens %u is neither 0 nor a multiple of %d of at least %d\n",
+            o->chunk_tokens, KEY_TOKENS, 2 * KEY_TOKENS);
     return -EINVAL;
   }
   llama_log_set(quiet_log, NULL);
@@ -221,7 +220,8 @@ static int state_room(kl_engine *e, size_t need) {
 
 /* ---- chunks ----
  *
- * A conversation's state goes to kvtier in chunks: the cells of tokens
+ * With chunk_tokens set, a conversation's state goes to kvtier in chunks
+ * (with 0, it is one chunk: the whole state): the cells of tokens
  * [s, end) as one llama.cpp sequence state (copied out of sequence 0 into
  * sequence 1 by a tag, llama_memory_seq_cp, then llama_state_seq_get_data
  * of sequence 1), filed as the object of the prefix t[0..end). Chunks start
@@ -237,8 +237,14 @@ static int state_room(kl_engine *e, size_t need) {
  * 0. llama.cpp's own file load overlaps its set_data with the kernel's
  * read-ahead in the same way. */
 
+/* Tokens a full chunk holds; chunk_tokens 0 (whole states): more than any
+ * conversation. */
+static size_t chunk_len(const kl_engine *e) {
+  return e->opt.chunk_tokens ? e->opt.chunk_tokens : (SIZE_MAX / 4 / KEY_TOKENS) * KEY_TOKENS;
+}
+
 static size_t chunk_start(const kl_engine *e, size_t end) {
-  size_t c = e->opt.chunk_tokens;
+  size_t c = chunk_len(e);
   return end < c + KEY_TOKENS ? 0 : (end - KEY_TOKENS) / c * c;
 }
 
@@ -269,7 +275,7 @@ static int put_chunk(kl_engine *e, kvt_cache *into, const llama_token *t, size_t
 int kl_store(kl_engine *e, kvt_cache *into, const llama_token *t, size_t n) {
   if (!into) into = e->cache;
   if (n < KEY_TOKENS) return -EINVAL;
-  size_t c = e->opt.chunk_tokens;
+  size_t c = chunk_len(e);
   int busy = 0;
   for (size_t s = 0;; s += c) {
     size_t end = s + c + KEY_TOKENS <= n ? s + c : n;
@@ -380,7 +386,7 @@ static int fetcher_start(kl_engine *e) {
  * what the restore gives (never the last token, whose logits must be
  * computed). */
 static uint32_t plan_chunks(kl_engine *e, const llama_token *t, size_t n, kl_chunk *plan, uint32_t max) {
-  size_t c = e->opt.chunk_tokens, p = 0, whole = 0;
+  size_t c = chunk_len(e), p = 0, whole = 0;
   uint32_t k = 0;
   while (k < max && p + 1 < n) {
     size_t lim = p + c + KEY_TOKENS - 1 < n ? p + c + KEY_TOKENS - 1 : n;
@@ -403,16 +409,28 @@ static void calibrate_link(kvt_link *l, double bytes, double s) {
   if (s > 0) l->bytes_per_s = l->bytes_per_s * (1 - EWMA) + bytes / s * EWMA;
 }
 
-/* One landed chunk into sequence 0, cut to its keep. */
+/* Calibration: a disk-tier read stands for the disk hop; a host-tier read
+ * plus set_data, and set_data after a disk read, for the "PCIe" one. */
+static void calibrate_chunk(kl_engine *e, const kl_chunk *ch, double set_s) {
+  double bytes = (double)ch->info.bytes;
+  if (ch->info.tier == KVT_TIER_DISK) {
+    calibrate_link(&e->hw.host_disk, bytes, ch->get_s);
+    calibrate_link(&e->hw.device_host, bytes, set_s);
+  } else {
+    calibrate_link(&e->hw.device_host, bytes, ch->get_s + set_s);
+  }
+}
+
+/* One landed chunk into sequence 0, cut to its keep. Its cells keep the
+ * tag of sequence 1 until the next chunk's set_data clears that sequence
+ * (it does, first thing) or the restore ends (restore() clears it): one
+ * pass over the cells less per chunk. */
 static int set_chunk(kl_engine *e, const kl_chunk *ch, int first) {
   llama_memory_t mem = llama_get_memory(e->ctx);
   llama_seq_id into = first ? 0 : 1;
   if (llama_state_seq_set_data(e->ctx, e->state + ch->off, ch->info.bytes, into) == 0) return -EIO;
   if (ch->keep < ch->info.n_tokens && !llama_memory_seq_rm(mem, into, (llama_pos)ch->keep, -1)) return -EIO;
-  if (!first) {
-    llama_memory_seq_cp(mem, 1, 0, -1, -1);
-    llama_memory_seq_rm(mem, 1, -1, -1);
-  }
+  if (!first) llama_memory_seq_cp(mem, 1, 0, (llama_pos)ch->start, (llama_pos)ch->keep);
   return 0;
 }
 
@@ -424,7 +442,25 @@ static size_t restore(kl_engine *e, kl_chunk *plan, uint32_t k, const llama_toke
     plan[j].off = total;
     total += (plan[j].info.bytes + 4095) & ~(size_t)4095;
   }
-  if (state_room(e, total) || fetcher_start(e)) return 0;
+  if (state_room(e, total)) return 0;
+  if (k == 1) { /* nothing to overlap: read on this thread */
+    double t0 = kl_now();
+    plan[0].rc = kvt_object_get(e->cache, &plan[0].info, (const uint32_t *)t, e->state, e->state_cap);
+    double t1 = kl_now();
+    turn->get_s = plan[0].get_s = t1 - t0;
+    int rc = plan[0].rc ? plan[0].rc : set_chunk(e, &plan[0], 1);
+    turn->set_s = kl_now() - t1;
+    if (rc) {
+      turn->refused = 1;
+      kl_clear(e);
+      return 0;
+    }
+    turn->chunks = 1;
+    turn->tier = plan[0].info.tier;
+    calibrate_chunk(e, &plan[0], turn->set_s);
+    return plan[0].keep;
+  }
+  if (fetcher_start(e)) return 0;
   kl_fetcher *f = e->fetch;
   pthread_mutex_lock(&f->lock);
   f->plan = plan;
@@ -454,16 +490,10 @@ static size_t restore(kl_engine *e, kl_chunk *plan, uint32_t k, const llama_toke
     }
     have = plan[j].keep;
     turn->chunks++;
-    /* Calibration: a disk-tier read stands for the disk hop; a host-tier
-     * read plus set_data, and set_data after a disk read, for the "PCIe" one. */
-    if (plan[j].info.tier == KVT_TIER_DISK) {
-      calibrate_link(&e->hw.host_disk, (double)plan[j].info.bytes, plan[j].get_s);
-      calibrate_link(&e->hw.device_host, (double)plan[j].info.bytes, s1 - s0);
-    } else {
-      calibrate_link(&e->hw.device_host, (double)plan[j].info.bytes, plan[j].get_s + s1 - s0);
-    }
+    calibrate_chunk(e, &plan[j], s1 - s0);
     if (turn->tier == KVT_TIER_NONE || plan[j].info.tier > turn->tier) turn->tier = plan[j].info.tier;
   }
+  if (turn->chunks > 1) llama_memory_seq_rm(llama_get_memory(e->ctx), 1, -1, -1);
   f->stop = 1; /* what is not read yet is not wanted */
   while (f->active) pthread_cond_wait(&f->cond, &f->lock);
   for (uint32_t j = 0; j < k; j++)
@@ -480,7 +510,7 @@ int kl_serve(kl_engine *e, const llama_token *t, size_t n, float *logits, kl_tur
   turn->n_tokens = n;
   turn->tier = KVT_TIER_NONE;
   kl_clear(e);
-  size_t have = 0, max = n / e->opt.chunk_tokens + 2;
+  size_t have = 0, max = n / chunk_len(e) + 2;
   kl_chunk *plan = calloc(max, sizeof *plan);
   if (!plan) return -ENOMEM;
   double cpu0 = kl_cpu_now(), f0 = kl_now();

@@ -3,17 +3,18 @@
  *
  * llama.cpp hands a sequence's KV cache over only as opaque states
  * (llama_state_seq_get_data / set_data), so each idle conversation goes to
- * kvtier as objects (kvt_object_put): one per chunk of chunk_tokens tokens,
- * the state of that chunk's cells, filed under the prefix that ends with
- * it. Conversations that share a prefix share its chunks, and a
- * conversation parked again stores only its new ones. A returning
- * conversation is restored from the longest chain of stored chunks that
- * matches its tokens, truncated to the tokens that match
- * (llama_memory_seq_rm), and only the rest is prefilled, when the cost
- * model (fed with the measured prefill speed and copy bandwidths) says
- * restoring beats recomputing. The chunks are read on a thread of the
- * engine's while each one that has landed is handed to llama.cpp, so
- * set_data overlaps the reads.
+ * kvtier as objects (kvt_object_put) filed under its prefix: its whole
+ * state as one object (chunk_tokens 0, the default), or one object per
+ * chunk of chunk_tokens tokens, the state of that chunk's cells, filed
+ * under the prefix that ends with it. Conversations that share a prefix
+ * share its chunks, and a conversation parked again stores only its new
+ * ones. A returning conversation is restored from the longest stored
+ * prefix (in chunks: the longest chain of stored chunks) that matches its
+ * tokens, truncated to the tokens that match (llama_memory_seq_rm), and
+ * only the rest is prefilled, when the cost model (fed with the measured
+ * prefill speed and copy bandwidths) says restoring beats recomputing.
+ * Chunks are read on two threads of the engine's while each one that has
+ * landed is handed to llama.cpp, so set_data overlaps the reads.
  *
  * One llama.cpp context serves one conversation at a time in sequence 0
  * (sequence 1 carries chunks in and out): the context's memory is what
@@ -39,8 +40,11 @@ typedef struct kl_options {
   int disk_reset;          /* 1: start the disk tier empty */
   int write_through;       /* 1 (default): a parked state goes to disk at once too, so a restart keeps it */
   int force;               /* 0: the cost model decides; 1: always restore; -1: never */
-  uint32_t chunk_tokens;   /* a state is stored in chunks of this many tokens (512; a multiple
-                              of 32, at least 64); part of the cache's namespace */
+  uint32_t chunk_tokens;   /* 0 (the default): a parked conversation's state is one object,
+                              restored whole; else it is stored in chunks of this many
+                              tokens (a multiple of 32, at least 64; 512 is a good size),
+                              shared by prefix and restored with the reads overlapping
+                              set_data. Part of the cache's namespace. */
 } kl_options;
 
 void kl_options_init(kl_options *o);

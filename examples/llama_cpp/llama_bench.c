@@ -7,12 +7,12 @@
  *
  *   llama_bench --model M.gguf [--dir D] [--lengths 512,2048,4096,8192]
  *               [--new 32] [--threads 2] [--rounds 15] [--reps 3]
- *               [--convs 8] [--conv-tokens 2048] [--chunk 512]
+ *               [--convs 8] [--conv-tokens 2048] [--chunk 0]
  *
  * A returning conversation has `length` tokens stored and `new` more. Every
- * mode restores the same cells (kvtier holds them in chunks of --chunk
- * tokens, kl_store; llama.cpp's file holds them whole, saved from the same
- * context) and prefills the same new tokens.
+ * mode restores the same cells (kvtier holds them whole, or in chunks of
+ * --chunk tokens, kl_store; llama.cpp's file holds them whole, saved from
+ * the same context) and prefills the same new tokens.
  * The modes run interleaved, in a rotating order, for --rounds rounds
  * (recomputing, which takes seconds, in the first --reps of them); each
  * figure is a median. The time to first token is mostly the new tokens'
@@ -20,10 +20,10 @@
  * hides the restores: they are also reported on their own, in wall time and
  * in process CPU time (every thread's: kvtier's workers and disk threads
  * included), which the load disturbs far less. kvtier's restore is the
- * wall time from its first kvt_object_find to its last chunk handed to
- * llama.cpp; its steps column sums the chunks' finds, their reads (on
- * kvt_llama's reading threads, two disk reads in flight) and their
- * set_data (overlapping the reads), so the steps add up to more than it.
+ * wall time from its first kvt_object_find to its last set_data; its steps
+ * column sums the finds, the reads and the set_data of its chunks (in
+ * chunks, the reads run on kvt_llama's reading threads, two disk reads in
+ * flight, and overlap set_data, so the steps add up to more than it).
  *
  * Page cache, stated: kvtier's disk tier reads with O_DIRECT, so it always
  * reads the device. llama.cpp's file is read twice per round: once just

@@ -10,6 +10,7 @@
  * gap. States go in chunks of 128 tokens here, so every conversation but
  * the shortest is several chunks. Runs on the small random model that
  * scripts/llama-deps.sh writes. */
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -223,6 +224,30 @@ static void a_last_chunk_is_cut_where_a_longer_chain_goes_on(void **s) {
   kl_close(&e);
 }
 
+/* chunk_tokens 0: each parked conversation is one object, restored whole;
+ * a chunk size that is not a multiple of 32 is refused. */
+static void chunk_tokens_0_keeps_whole_states(void **s) {
+  (void)s;
+  kl_engine e;
+  kl_options o;
+  options(&o, 64ull << 20, 1);
+  o.chunk_tokens = 100;
+  assert_int_equal(kl_open(&e, &o), -EINVAL);
+  kl_close(&e);
+  o.chunk_tokens = 0;
+  assert_int_equal(kl_open(&e, &o), 0);
+  llama_token t[700];
+  tokens_of(t, 700, 60, e.n_vocab);
+  kl_turn turn;
+  assert_int_equal(kl_serve(&e, t, 600, NULL, &turn), 0);
+  assert_int_equal(kl_park(&e, t, 600), 0);
+  assert_int_equal(e.chunks_put, 1);
+  serve_exact(&e, t, 700, 600, KVT_TIER_HOST);
+  assert_int_equal(kl_serve(&e, t, 700, NULL, &turn), 0);
+  assert_int_equal(turn.chunks, 1);
+  kl_close(&e);
+}
+
 /* A chunk in the middle of the chain gone (removed, as an eviction does):
  * the chunks before it are restored, the rest computed. */
 static void a_gap_in_the_chain_restores_up_to_it(void **s) {
@@ -250,6 +275,7 @@ int main(void) {
       cmocka_unit_test(a_shared_prefix_restores_the_shared_chunks),
       cmocka_unit_test(a_gap_in_the_chain_restores_up_to_it),
       cmocka_unit_test(a_last_chunk_is_cut_where_a_longer_chain_goes_on),
+      cmocka_unit_test(chunk_tokens_0_keeps_whole_states),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
