@@ -99,6 +99,10 @@ static void describe(kl_engine *e) {
 int kl_open(kl_engine *e, const kl_options *o) {
   memset(e, 0, sizeof *e);
   e->opt = *o;
+  if (!o->host_bytes && !o->disk_path) {
+    fprintf(stderr, "kvt_llama: neither a host tier nor a disk tier\n");
+    return -EINVAL;
+  }
   if (o->chunk_tokens && (o->chunk_tokens % KEY_TOKENS || o->chunk_tokens < 2 * KEY_TOKENS)) {
     fprintf(stderr, "kvt_llama: chunk_tokens %u is neither 0 nor a multiple of %d of at least %d\n",
             o->chunk_tokens, KEY_TOKENS, 2 * KEY_TOKENS);
@@ -275,6 +279,9 @@ static int put_chunk(kl_engine *e, kvt_cache *into, const llama_token *t, size_t
 int kl_store(kl_engine *e, kvt_cache *into, const llama_token *t, size_t n) {
   if (!into) into = e->cache;
   if (n < KEY_TOKENS) return -EINVAL;
+  llama_memory_t mem = llama_get_memory(e->ctx);
+  if (llama_memory_seq_pos_min(mem, 0) != 0 || llama_memory_seq_pos_max(mem, 0) + 1 < (llama_pos)n)
+    return -EINVAL; /* the context does not hold t[0..n): a chunk would claim cells it lacks */
   size_t c = chunk_len(e);
   int busy = 0;
   for (size_t s = 0;; s += c) {
@@ -429,6 +436,11 @@ static int set_chunk(kl_engine *e, const kl_chunk *ch, int first) {
   llama_memory_t mem = llama_get_memory(e->ctx);
   llama_seq_id into = first ? 0 : 1;
   if (llama_state_seq_set_data(e->ctx, e->state + ch->off, ch->info.bytes, into) == 0) return -EIO;
+  if (llama_memory_seq_pos_min(mem, into) != (llama_pos)ch->start ||
+      llama_memory_seq_pos_max(mem, into) + 1 != (llama_pos)ch->info.n_tokens) {
+    llama_memory_seq_rm(mem, into, -1, -1);
+    return -EIO; /* not the cells its key says (another chunk size stored it): refused */
+  }
   if (ch->keep < ch->info.n_tokens && !llama_memory_seq_rm(mem, into, (llama_pos)ch->keep, -1)) return -EIO;
   if (!first) llama_memory_seq_cp(mem, 1, 0, (llama_pos)ch->start, (llama_pos)ch->keep);
   return 0;
@@ -483,9 +495,9 @@ static size_t restore(kl_engine *e, kl_chunk *plan, uint32_t k, const llama_toke
     turn->set_s += s1 - s0;
     pthread_mutex_lock(&f->lock);
     if (rc) {
-      have = 0;
       turn->refused = 1;
-      kl_clear(e);
+      if (j == 0) kl_clear(e); /* else only sequence 1 was touched: the chunks before stay */
+      else llama_memory_seq_rm(llama_get_memory(e->ctx), 1, -1, -1);
       break;
     }
     have = plan[j].keep;
@@ -505,6 +517,7 @@ static size_t restore(kl_engine *e, kl_chunk *plan, uint32_t k, const llama_toke
 }
 
 int kl_serve(kl_engine *e, const llama_token *t, size_t n, float *logits, kl_turn *turn) {
+  if (n == 0) return -EINVAL;
   double t0 = kl_now();
   memset(turn, 0, sizeof *turn);
   turn->n_tokens = n;

@@ -64,7 +64,7 @@ typedef struct kl_turn {
   /* Where ttft_s went (wall seconds): the restore (restore_s: finding the
    * chunks, then reading them while earlier ones are handed to llama.cpp)
    * and the prefill. Within the restore: kvt_object_find of every chunk
-   * (find_s); kvt_object_get of every chunk (get_s, on the reading thread)
+   * (find_s); kvt_object_get of every chunk (get_s, on the reading threads)
    * and llama_state_seq_set_data plus the truncation and tagging (set_s),
    * which overlap, so restore_s < find_s + get_s + set_s. */
   double restore_s, find_s, get_s, set_s, prefill_s;
@@ -86,15 +86,16 @@ typedef struct kl_engine {
   size_t state_map_len;
   llama_batch batch;
   uint32_t n_batch;
-  struct kl_fetcher *fetch; /* the thread that reads a restore's chunks */
+  struct kl_fetcher *fetch; /* the two threads that read a restore's chunks */
   uint64_t chunks_put;     /* chunks stored by kl_store / kl_park */
   uint64_t chunks_kept;    /* chunks kl_store found stored already (shared prefixes, earlier parks) */
 } kl_engine;
 
 /* Loads the model, makes a context (flash attention off, fixed threads:
  * restores are bit-exact) and opens the kvtier cache. Returns 0 or a
- * negative code (kvtier's, or -EIO for llama.cpp failures, with a line on
- * stderr). */
+ * negative code (kvtier's, -EINVAL for options it refuses, or -EIO for
+ * llama.cpp failures, with a line on stderr); after a failure too,
+ * kl_close frees what was made. */
 int kl_open(kl_engine *e, const kl_options *o);
 void kl_close(kl_engine *e);
 
@@ -105,11 +106,14 @@ void kl_close(kl_engine *e);
 int kl_serve(kl_engine *e, const llama_token *t, size_t n, float *logits, kl_turn *turn);
 
 /* The conversation in the context, t[0..n) (n >= 32), goes idle: its
- * state is put into kvtier, chunk by chunk (the chunks already stored are
- * kept as they are), and the context is cleared. Returns 0, 1 (a chunk was
- * not stored this time: another object under its prefix, or kvtier was
- * still moving parts of the one stored there; that only costs a recompute
- * later) or a negative code. */
+ * state is put into kvtier, whole or chunk by chunk (the chunks already
+ * stored are kept as they are), and the context is cleared. The context
+ * must hold the cells of t[0..n) (positions 0 to n - 1; a sampled token not
+ * yet decoded is not in it): else -EINVAL and nothing is stored. Returns 0,
+ * 1 (a chunk was not stored this time: another object under its prefix,
+ * e.g. a shorter park of the same tokens that ends in the same 32-token
+ * block, or kvtier was still moving parts of the one stored there; that
+ * only costs a recompute later) or a negative code. */
 int kl_park(kl_engine *e, const llama_token *t, size_t n);
 
 /* kl_park without clearing the context, into the cache `into` (NULL: the

@@ -225,7 +225,8 @@ static void a_last_chunk_is_cut_where_a_longer_chain_goes_on(void **s) {
 }
 
 /* chunk_tokens 0: each parked conversation is one object, restored whole;
- * a chunk size that is not a multiple of 32 is refused. */
+ * a chunk size that is not a multiple of 32 is refused, and so is a park of
+ * tokens the context does not hold. */
 static void chunk_tokens_0_keeps_whole_states(void **s) {
   (void)s;
   kl_engine e;
@@ -240,12 +241,38 @@ static void chunk_tokens_0_keeps_whole_states(void **s) {
   tokens_of(t, 700, 60, e.n_vocab);
   kl_turn turn;
   assert_int_equal(kl_serve(&e, t, 600, NULL, &turn), 0);
+  /* A park of tokens the context does not hold (one not decoded yet) stores nothing. */
+  assert_int_equal(kl_store(&e, NULL, t, 601), -EINVAL);
+  assert_int_equal(e.chunks_put, 0);
   assert_int_equal(kl_park(&e, t, 600), 0);
   assert_int_equal(e.chunks_put, 1);
+  assert_int_equal(kl_park(&e, t, 600), -EINVAL); /* the context is empty now */
   serve_exact(&e, t, 700, 600, KVT_TIER_HOST);
   assert_int_equal(kl_serve(&e, t, 700, NULL, &turn), 0);
   assert_int_equal(turn.chunks, 1);
   kl_close(&e);
+}
+
+/* Chunks of 128 stored into the cache of an engine that uses 512 (which
+ * its namespace keeps apart, unless kl_store is handed that cache): the
+ * chunk its plan finds holds other cells than its key says, so it is
+ * refused and the conversation computed exactly. */
+static void a_chunk_of_another_size_is_refused(void **s) {
+  (void)s;
+  kl_engine a, b;
+  engine_open(&a, 64ull << 20, 1);
+  kl_options o;
+  options(&o, 64ull << 20, 1);
+  o.chunk_tokens = 512;
+  assert_int_equal(kl_open(&b, &o), 0);
+  llama_token t[700];
+  tokens_of(t, 700, 70, a.n_vocab);
+  kl_turn turn;
+  assert_int_equal(kl_serve(&a, t, 600, NULL, &turn), 0);
+  assert_int_equal(kl_store(&a, b.cache, t, 600), 0);
+  serve_exact(&b, t, 640, 0, KVT_TIER_NONE);
+  kl_close(&a);
+  kl_close(&b);
 }
 
 /* A chunk in the middle of the chain gone (removed, as an eviction does):
@@ -276,6 +303,7 @@ int main(void) {
       cmocka_unit_test(a_gap_in_the_chain_restores_up_to_it),
       cmocka_unit_test(a_last_chunk_is_cut_where_a_longer_chain_goes_on),
       cmocka_unit_test(chunk_tokens_0_keeps_whole_states),
+      cmocka_unit_test(a_chunk_of_another_size_is_refused),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
