@@ -258,11 +258,17 @@ static size_t chunk_start(const kl_engine *e, size_t end) {
  * or a negative code. */
 static int put_chunk(kl_engine *e, kvt_cache *into, const llama_token *t, size_t s, size_t end) {
   kvt_object_info in = {.size = sizeof in};
-  if (kvt_object_find(into, (const uint32_t *)t, end, &in) == 0 && chunk_start(e, in.n_tokens) == s &&
-      in.match_tokens >= end) {
+  int found = kvt_object_find(into, (const uint32_t *)t, end, &in) == 0 && chunk_start(e, in.n_tokens) == s;
+  if (found && in.match_tokens >= end) {
     e->chunks_kept++;
     return 0;
   }
+  /* A shorter version of this chunk (the same tokens, fewer of them) under
+   * the same key, from an earlier park of this conversation in the same
+   * 32-token block: replaced, else the tokens it lacks would be computed on
+   * every return. */
+  if (found && in.match_tokens == in.n_tokens && in.n_tokens / KEY_TOKENS == end / KEY_TOKENS)
+    kvt_object_remove(into, (const uint32_t *)t, end);
   llama_memory_t mem = llama_get_memory(e->ctx);
   llama_memory_seq_cp(mem, 0, 1, (llama_pos)s, (llama_pos)end);
   size_t need = llama_state_seq_get_size(e->ctx, 1);

@@ -111,9 +111,10 @@ int kl_serve(kl_engine *e, const llama_token *t, size_t n, float *logits, kl_tur
  * must hold the cells of t[0..n) (positions 0 to n - 1; a sampled token not
  * yet decoded is not in it): else -EINVAL and nothing is stored. Returns 0,
  * 1 (a chunk was not stored this time: another object under its prefix,
- * e.g. a shorter park of the same tokens that ends in the same 32-token
- * block, or kvtier was still moving parts of the one stored there; that
- * only costs a recompute later) or a negative code. */
+ * or kvtier was still moving parts of the one stored there; that only
+ * costs a recompute later) or a negative code. A shorter state of the same
+ * tokens under the same key (the conversation grew within its last
+ * 32-token block) is replaced. */
 int kl_park(kl_engine *e, const llama_token *t, size_t n);
 
 /* kl_park without clearing the context, into the cache `into` (NULL: the

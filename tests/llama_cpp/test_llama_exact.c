@@ -226,7 +226,8 @@ static void a_last_chunk_is_cut_where_a_longer_chain_goes_on(void **s) {
 
 /* chunk_tokens 0: each parked conversation is one object, restored whole;
  * a chunk size that is not a multiple of 32 is refused, and so is a park of
- * tokens the context does not hold. */
+ * tokens the context does not hold; a park of the conversation grown within
+ * its last 32-token block replaces the shorter state. */
 static void chunk_tokens_0_keeps_whole_states(void **s) {
   (void)s;
   kl_engine e;
@@ -247,7 +248,14 @@ static void chunk_tokens_0_keeps_whole_states(void **s) {
   assert_int_equal(kl_park(&e, t, 600), 0);
   assert_int_equal(e.chunks_put, 1);
   assert_int_equal(kl_park(&e, t, 600), -EINVAL); /* the context is empty now */
-  serve_exact(&e, t, 700, 600, KVT_TIER_HOST);
+  /* The conversation grows within its last 32-token block (600 -> 607,
+   * both filed under the key of 576 tokens): parked again, the longer state
+   * replaces the shorter under that key. */
+  assert_int_equal(kl_serve(&e, t, 607, NULL, &turn), 0);
+  assert_int_equal(turn.restored, 600);
+  assert_int_equal(kl_park(&e, t, 607), 0);
+  assert_int_equal(e.chunks_put, 2);
+  serve_exact(&e, t, 700, 607, KVT_TIER_HOST);
   assert_int_equal(kl_serve(&e, t, 700, NULL, &turn), 0);
   assert_int_equal(turn.chunks, 1);
   kl_close(&e);
