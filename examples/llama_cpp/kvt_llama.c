@@ -334,6 +334,13 @@ typedef struct kl_fetcher {
   kl_engine *e;
 } kl_fetcher;
 
+/* Reads a chunk into its place in the state buffer (ch->rc, ch->get_s). */
+static void read_chunk(kl_engine *e, kl_chunk *ch, const llama_token *t) {
+  double t0 = kl_now();
+  ch->rc = kvt_object_get(e->cache, &ch->info, (const uint32_t *)t, e->state + ch->off, e->state_cap - ch->off);
+  ch->get_s = kl_now() - t0;
+}
+
 static void *fetcher_main(void *arg) {
   kl_fetcher *f = arg;
   pthread_mutex_lock(&f->lock);
@@ -344,16 +351,11 @@ static void *fetcher_main(void *arg) {
     kl_chunk *ch = &f->plan[f->next++];
     f->active++;
     pthread_mutex_unlock(&f->lock);
-    double t0 = kl_now();
-    int rc = kvt_object_get(f->e->cache, &ch->info, (const uint32_t *)f->t, f->e->state + ch->off,
-                            f->e->state_cap - ch->off);
-    double t1 = kl_now();
+    read_chunk(f->e, ch, f->t);
     pthread_mutex_lock(&f->lock);
-    ch->rc = rc;
-    ch->get_s = t1 - t0;
     ch->landed = 1;
     f->active--;
-    if (rc) f->stop = 1; /* the chunks after it are not wanted */
+    if (ch->rc) f->stop = 1; /* the chunks after it are not wanted */
     pthread_cond_broadcast(&f->cond);
   }
   pthread_mutex_unlock(&f->lock);
@@ -452,6 +454,27 @@ static int set_chunk(kl_engine *e, const kl_chunk *ch, int first) {
   return 0;
 }
 
+/* Hands a chunk that was read to llama.cpp and counts it in the turn.
+ * Returns 0, or its read's or its set's error: the chunk is refused (found,
+ * but evicted since, damaged, or not the cells its key says) and the
+ * chunks before it stay (only sequence 1 was touched). */
+static int take_chunk(kl_engine *e, const kl_chunk *ch, int first, kl_turn *turn) {
+  double s0 = kl_now();
+  int rc = ch->rc ? ch->rc : set_chunk(e, ch, first);
+  double set_s = kl_now() - s0;
+  turn->set_s += set_s;
+  if (rc) {
+    turn->refused = 1;
+    if (first) kl_clear(e);
+    else llama_memory_seq_rm(llama_get_memory(e->ctx), 1, -1, -1);
+    return rc;
+  }
+  turn->chunks++;
+  calibrate_chunk(e, ch, set_s);
+  if (turn->tier == KVT_TIER_NONE || ch->info.tier > turn->tier) turn->tier = ch->info.tier;
+  return 0;
+}
+
 /* Restores plan[0..k) into sequence 0: returns the tokens restored (those
  * of the chunks that landed and were set, in order). */
 static size_t restore(kl_engine *e, kl_chunk *plan, uint32_t k, const llama_token *t, kl_turn *turn) {
@@ -462,21 +485,9 @@ static size_t restore(kl_engine *e, kl_chunk *plan, uint32_t k, const llama_toke
   }
   if (state_room(e, total)) return 0;
   if (k == 1) { /* nothing to overlap: read on this thread */
-    double t0 = kl_now();
-    plan[0].rc = kvt_object_get(e->cache, &plan[0].info, (const uint32_t *)t, e->state, e->state_cap);
-    double t1 = kl_now();
-    turn->get_s = plan[0].get_s = t1 - t0;
-    int rc = plan[0].rc ? plan[0].rc : set_chunk(e, &plan[0], 1);
-    turn->set_s = kl_now() - t1;
-    if (rc) {
-      turn->refused = 1;
-      kl_clear(e);
-      return 0;
-    }
-    turn->chunks = 1;
-    turn->tier = plan[0].info.tier;
-    calibrate_chunk(e, &plan[0], turn->set_s);
-    return plan[0].keep;
+    read_chunk(e, &plan[0], t);
+    turn->get_s = plan[0].get_s;
+    return take_chunk(e, &plan[0], 1, turn) ? 0 : plan[0].keep;
   }
   if (fetcher_start(e)) return 0;
   kl_fetcher *f = e->fetch;
@@ -490,26 +501,15 @@ static size_t restore(kl_engine *e, kl_chunk *plan, uint32_t k, const llama_toke
   size_t have = 0;
   for (uint32_t j = 0; j < k; j++) {
     while (!plan[j].landed && !(f->stop && j >= f->next)) pthread_cond_wait(&f->cond, &f->lock);
-    if (!plan[j].landed || plan[j].rc) {
-      turn->refused = 1; /* found, but not read whole (evicted since, damaged): the rest is computed */
+    if (!plan[j].landed) { /* not read (the reads stopped) */
+      turn->refused = 1;
       break;
     }
     pthread_mutex_unlock(&f->lock);
-    double s0 = kl_now();
-    int rc = set_chunk(e, &plan[j], j == 0);
-    double s1 = kl_now();
-    turn->set_s += s1 - s0;
+    int rc = take_chunk(e, &plan[j], j == 0, turn);
     pthread_mutex_lock(&f->lock);
-    if (rc) {
-      turn->refused = 1;
-      if (j == 0) kl_clear(e); /* else only sequence 1 was touched: the chunks before stay */
-      else llama_memory_seq_rm(llama_get_memory(e->ctx), 1, -1, -1);
-      break;
-    }
+    if (rc) break;
     have = plan[j].keep;
-    turn->chunks++;
-    calibrate_chunk(e, &plan[j], s1 - s0);
-    if (turn->tier == KVT_TIER_NONE || plan[j].info.tier > turn->tier) turn->tier = plan[j].info.tier;
   }
   if (turn->chunks > 1) llama_memory_seq_rm(llama_get_memory(e->ctx), 1, -1, -1);
   f->stop = 1; /* what is not read yet is not wanted */

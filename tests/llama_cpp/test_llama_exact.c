@@ -84,6 +84,13 @@ static void serve_exact(kl_engine *e, const llama_token *t, size_t n, uint64_t w
   free(got);
 }
 
+/* A first turn of t[0..n) (nothing stored for it yet), then parked. */
+static void serve_and_park(kl_engine *e, const llama_token *t, size_t n) {
+  kl_turn turn;
+  assert_int_equal(kl_serve(e, t, n, NULL, &turn), 0);
+  assert_int_equal(kl_park(e, t, n), 0);
+}
+
 static void restored_logits_are_bit_exact(void **s) {
   (void)s;
   kl_engine e;
@@ -108,9 +115,7 @@ static void truncated_state_with_a_new_suffix_is_exact(void **s) {
   engine_open(&e, 64ull << 20, 1);
   llama_token t[400], u[400];
   tokens_of(t, 400, 2, e.n_vocab);
-  kl_turn turn;
-  assert_int_equal(kl_serve(&e, t, 200, NULL, &turn), 0);
-  assert_int_equal(kl_park(&e, t, 200), 0); /* filed under 192 tokens, covers 200 */
+  serve_and_park(&e, t, 200); /* filed under 192 tokens, covers 200 */
   /* Another branch leaves it at token 195: the state is cut to the 192
    * tokens of its key, then 208 new ones follow. */
   tokens_of(u, 400, 3, e.n_vocab);
@@ -127,11 +132,9 @@ static void restore_from_disk_after_a_restart_is_exact(void **s) {
   kl_engine e;
   engine_open(&e, 0, 1); /* no host tier: objects go straight to disk */
   llama_token t[3][500];
-  kl_turn turn;
   for (uint32_t c = 0; c < 3; c++) {
     tokens_of(t[c], 500, 10 + c, e.n_vocab);
-    assert_int_equal(kl_serve(&e, t[c], 320 + 40 * c, NULL, &turn), 0);
-    assert_int_equal(kl_park(&e, t[c], 320 + 40 * c), 0);
+    serve_and_park(&e, t[c], 320 + 40 * c);
   }
   kl_close(&e); /* the process's engine goes away; the disk file stays */
   engine_open(&e, 0, 0);
@@ -161,9 +164,7 @@ static void a_corrupted_record_is_refused_and_recomputed_exactly(void **s) {
   engine_open(&e, 0, 1);
   llama_token t[400];
   tokens_of(t, 400, 20, e.n_vocab);
-  kl_turn turn;
-  assert_int_equal(kl_serve(&e, t, 300, NULL, &turn), 0);
-  assert_int_equal(kl_park(&e, t, 300), 0);
+  serve_and_park(&e, t, 300);
   corrupt_disk_file();
   serve_exact(&e, t, 400, 0, KVT_TIER_NONE);
   kvt_stats st = {.size = sizeof st};
@@ -182,9 +183,7 @@ static void a_shared_prefix_restores_the_shared_chunks(void **s) {
   tokens_of(a, 400, 30, e.n_vocab);
   tokens_of(b, 400, 31, e.n_vocab);
   memcpy(b, a, 256 * sizeof *b);
-  kl_turn turn;
-  assert_int_equal(kl_serve(&e, a, 300, NULL, &turn), 0);
-  assert_int_equal(kl_park(&e, a, 300), 0);
+  serve_and_park(&e, a, 300);
   assert_int_equal(e.chunks_put, 3);
   serve_exact(&e, b, 350, 256, KVT_TIER_HOST);
   kl_turn again;
@@ -210,8 +209,7 @@ static void a_last_chunk_is_cut_where_a_longer_chain_goes_on(void **s) {
   tokens_of(b, 700, 51, e.n_vocab);
   memcpy(b, a, 400 * sizeof *b);
   kl_turn turn;
-  assert_int_equal(kl_serve(&e, a, 400, NULL, &turn), 0);
-  assert_int_equal(kl_park(&e, a, 400), 0);
+  serve_and_park(&e, a, 400);
   assert_int_equal(kl_serve(&e, b, 600, NULL, &turn), 0);
   assert_int_equal(turn.restored, 400);
   assert_int_equal(kl_park(&e, b, 600), 0);
@@ -291,9 +289,7 @@ static void a_gap_in_the_chain_restores_up_to_it(void **s) {
   engine_open(&e, 0, 1);
   llama_token t[500];
   tokens_of(t, 500, 40, e.n_vocab);
-  kl_turn turn;
-  assert_int_equal(kl_serve(&e, t, 420, NULL, &turn), 0);
-  assert_int_equal(kl_park(&e, t, 420), 0);
+  serve_and_park(&e, t, 420);
   assert_int_equal(e.chunks_put, 4); /* 0, 128, 256, then [384, 420) */
   assert_int_equal(kvt_object_remove(e.cache, (const uint32_t *)t, 256), 0);
   serve_exact(&e, t, 500, 128, KVT_TIER_DISK);
