@@ -305,6 +305,46 @@ static void a_many_part_object_from_disk(void **s) {
   kvt_close(c);
 }
 
+/* Reads at the disk at once during a get: each storage worker keeps a
+ * window of records in flight (a quarter of its share of the object, 8 to
+ * 64; 8 staged), not every record of its share, so that the records that
+ * landed are checked while the next ones are read. */
+static atomic_int io_now, io_most;
+
+static int in_flight_hook(void *ctx, int site, int64_t arg) {
+  (void)ctx;
+  (void)arg;
+  if (site == KVT_FAULT_IO_SUBMIT) {
+    int n = atomic_fetch_add(&io_now, 1) + 1, m = atomic_load(&io_most);
+    while (n > m && !atomic_compare_exchange_weak(&io_most, &m, n)) {
+    }
+  }
+  if (site == KVT_FAULT_IO_COMPLETE) atomic_fetch_sub(&io_now, 1);
+  return 0;
+}
+
+static void a_get_keeps_a_window_of_reads_in_flight(void **s) {
+  (void)s;
+  enum { PARTS = 300, WORKERS = 2 /* copy_threads */ };
+  kvt_cache *c = open_objects(0, PARTS + 16, 1, KVT_LAYOUT_STORAGE);
+  uint32_t tokens[NTOK];
+  conversation(tokens, NTOK, 41);
+  const size_t len = (PARTS - 1) * per_part() + 99;
+  put_pattern(c, tokens, NTOK, len, 72, 0);
+  assert_int_equal(kvt_drain(c), 0);
+  const int straight = block_bytes >= 8 * PAGE;
+  const int window = straight ? PARTS / WORKERS / 4 : 8; /* the parts split between the workers */
+  atomic_store(&io_now, 0);
+  atomic_store(&io_most, 0);
+  kvt__fault_set(in_flight_hook, NULL);
+  get_exact(c, tokens, NTOK, len, 72, KVT_TIER_DISK);
+  kvt__fault_set(NULL, NULL);
+  assert_int_equal(atomic_load(&io_now), 0);
+  /* The store would take them all (its default depth: 16 MiB of records). */
+  assert_in_range(atomic_load(&io_most), 2, WORKERS * window);
+  kvt_close(c);
+}
+
 /* Every record of the disk file (slots of them), read whole. */
 static char *read_records(uint64_t slots) {
   size_t rec = kvt__record_bytes(BT, BLOCK);
@@ -1130,6 +1170,7 @@ int main(void) {
       cmocka_unit_test(a_second_put_is_kept_and_remove_forgets),
       cmocka_unit_test(a_corrupted_part_is_a_miss),
       cmocka_unit_test(a_many_part_object_from_disk),
+      cmocka_unit_test(a_get_keeps_a_window_of_reads_in_flight),
       cmocka_unit_test(a_part_of_another_put_is_refused),
       cmocka_unit_test(objects_on_disk_survive_a_reopen),
       cmocka_unit_test(a_find_and_get_after_a_reopen_read_each_part_once),

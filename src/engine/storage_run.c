@@ -311,14 +311,14 @@ static kvt__stage *ring_take(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb, kvt__
 }
 
 /* The next stage for block i, its previous block retired: a straight one
- * (its iovecs filled in) when the block can go straight, else a staging
- * record (n_iov 0). */
-static kvt__stage *stage_next(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb, uint32_t i) {
+ * (its iovecs filled in, one of the ring's first `window`) when the block
+ * can go straight, else a staging record (n_iov 0). */
+static kvt__stage *stage_next(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb, uint32_t i, uint32_t window) {
   kvt__stage *st;
   /* A remote block arrives as a whole record image: always a staging one. */
   int remote = jb->kind == KVT__SJ_GET && jb->blocks[i].tier == KVT__T_REMOTE;
   if (!remote && straight_iov(c, jb, i, NULL, NULL)) {
-    st = ring_take(c, w, jb, w->straight, KVT__STRAIGHT_DEPTH, &w->next_straight);
+    st = ring_take(c, w, jb, w->straight, window, &w->next_straight);
     st->n_iov = straight_iov(c, jb, i, st->rec, st->iov);
   } else {
     st = ring_take(c, w, jb, w->stage, KVT__STAGE_DEPTH, &w->next);
@@ -488,7 +488,7 @@ static void run_put(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb) {
         put_commit(c, jb, i, rc);
         pthread_mutex_unlock(&c->lock);
       } else {
-        kvt__stage *st = stage_next(c, w, jb, i);
+        kvt__stage *st = stage_next(c, w, jb, i, KVT__STRAIGHT_DEPTH);
         fill_identity(c, jb, i, st->rec, parent);
         int rc = st->n_iov ? 0 : copy_pieces(jb, i, kvt__record_payload(st->rec, c->bt), 0);
         if (rc) {
@@ -511,10 +511,16 @@ static void run_put(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb) {
  * (a system call each, microseconds apart) reach it in several passes. */
 #define GET_BATCH 32u
 
+/* Straight reads a get keeps in flight per worker (see KVT__STRAIGHT_MIN_WINDOW). */
+static uint32_t straight_window(const kvt__sjob *jb) {
+  uint32_t n = jb->n_blocks / 4;
+  return n < KVT__STRAIGHT_MIN_WINDOW ? KVT__STRAIGHT_MIN_WINDOW : n > KVT__STRAIGHT_DEPTH ? KVT__STRAIGHT_DEPTH : n;
+}
+
 static void run_get(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb) {
   kvt__stage *sts[GET_BATCH];
   kvt__disk_io ios[GET_BATCH];
-  uint32_t pending = 0;
+  uint32_t pending = 0, window = straight_window(jb);
   if (jb->promote) promote_take_slots(c, jb);
   for (uint32_t i = 0; i < jb->n_blocks; i++) {
     kvt__sblock *sb = &jb->blocks[i];
@@ -522,9 +528,9 @@ static void run_get(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb) {
     if (sb->tier == KVT__T_DISK) {
       /* At most half of a ring's stages wait unsubmitted, so a ring_take
        * that waits has a submitted one to wait for. */
-      uint32_t ring = straight_iov(c, jb, i, NULL, NULL) ? KVT__STRAIGHT_DEPTH : KVT__STAGE_DEPTH;
+      uint32_t ring = straight_iov(c, jb, i, NULL, NULL) ? window : KVT__STAGE_DEPTH;
       if (pending >= ring / 2) stage_read_batch(c, sts, ios, pending), pending = 0;
-      kvt__stage *st = stage_next(c, w, jb, i);
+      kvt__stage *st = stage_next(c, w, jb, i, window);
       stage_claim(st, i);
       sts[pending] = st;
       ios[pending++] = stage_read_io(c, st, i, jb);
@@ -542,7 +548,7 @@ static void run_get(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb) {
       get_commit(c, jb, i, rc);
       pthread_mutex_unlock(&c->lock);
     } else {
-      stage_submit(c, stage_next(c, w, jb, i), i, jb);
+      stage_submit(c, stage_next(c, w, jb, i, window), i, jb);
     }
   }
   stage_read_batch(c, sts, ios, pending);
