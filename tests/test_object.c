@@ -488,39 +488,62 @@ static kvt_key object_key(kvt_cache *c, const uint32_t *tokens, size_t n) {
   return keys[nk - 1];
 }
 
-/* Objects a reopen could not remember (here: two whose headers share the
- * memory's place, of which one is kept) are found as before, by reading
- * part 0, and the get that follows takes that part 0 as find read it:
- * each part of each object is read once, finds and gets together. */
+/* Objects a reopen could not remember (here: nine whose headers share one
+ * bucket of the memory, which keeps eight) are found as before, by
+ * reading part 0, and the get that follows takes that part 0 as find read
+ * it: each part of each object is read once, finds and gets together. */
 static void objects_a_reopen_forgot_are_found_by_reading_part_0(void **s) {
   (void)s;
+  enum { N = 9, BUCKETS = 32 }; /* 64 blocks: 256 places, 8 to a bucket */
   kvt_cache *c = open_objects(0, 64, 1, KVT_LAYOUT_STORAGE);
-  uint32_t a[NTOK], b[NTOK];
-  conversation(a, NTOK, 600);
-  kvt_key ka = object_key(c, a, NTOK);
+  uint32_t t[N][NTOK];
+  conversation(t[0], NTOK, 600);
+  const uint64_t bucket = object_key(c, t[0], NTOK).lo % BUCKETS;
   uint32_t seed = 601;
-  for (;; seed++) { /* the memory is 256 places by the key's low bits */
-    conversation(b, NTOK, seed);
-    if (object_key(c, b, NTOK).lo % 256 == ka.lo % 256) break;
-  }
+  for (int k = 1; k < N; k++)
+    for (;; seed++) { /* the bucket is chosen by the key's low bits */
+      conversation(t[k], NTOK, seed);
+      if (object_key(c, t[k], NTOK).lo % BUCKETS == bucket) {
+        seed++;
+        break;
+      }
+    }
   const size_t len = 2 * per_part() + 5; /* three parts each */
-  put_pattern(c, a, NTOK, len, 71, 0);
-  put_pattern(c, b, NTOK, len, 72, 0);
+  for (int k = 0; k < N; k++) put_pattern(c, t[k], NTOK, len, 71 + (uint64_t)k, 0);
   kvt_close(c);
   c = open_objects(0, 64, 0, KVT_LAYOUT_STORAGE);
   char *buf = alloc_buf(len);
-  uint64_t reads[2];
-  for (int k = 0; k < 2; k++) {
+  uint64_t found_reading = 0;
+  for (int k = 0; k < N; k++) {
     uint64_t r0 = disk_records(c);
-    const uint32_t *t = k ? b : a;
-    kvt_object_info info = find(c, t, NTOK, 0);
-    reads[k] = disk_records(c) - r0;
-    assert_int_equal(kvt_object_get(c, &info, t, buf, len), 0);
-    assert_true(kvt_test_check(buf, len, k ? 72 : 71));
+    kvt_object_info info = find(c, t[k], NTOK, 0);
+    found_reading += disk_records(c) - r0;
+    assert_int_equal(kvt_object_get(c, &info, t[k], buf, len), 0);
+    assert_true(kvt_test_check(buf, len, 71 + (uint64_t)k));
     assert_int_equal(disk_records(c) - r0, 3);
   }
-  assert_true(reads[0] + reads[1] >= 1); /* at least one found by reading its part 0 */
+  assert_true(found_reading >= 1); /* at least one found by reading its part 0 */
   free(buf);
+  kvt_close(c);
+}
+
+/* Hundreds of objects are all remembered: after a reopen, finding each
+ * reads nothing from disk (the memory is sized to the tiers). */
+static void a_reopen_remembers_hundreds_of_objects(void **s) {
+  (void)s;
+  enum { N = 300 };
+  kvt_cache *c = open_objects(0, 1024, 1, KVT_LAYOUT_STORAGE);
+  static uint32_t t[N][NTOK];
+  for (int k = 0; k < N; k++) {
+    conversation(t[k], NTOK, 700 + (uint32_t)k);
+    put_pattern(c, t[k], NTOK, per_part() / 2, 700 + (uint64_t)k, 0);
+  }
+  kvt_close(c);
+  c = open_objects(0, 1024, 0, KVT_LAYOUT_STORAGE);
+  uint64_t r0 = disk_records(c);
+  for (int k = 0; k < N; k++) find(c, t[k], NTOK, 0);
+  assert_int_equal(disk_records(c) - r0, 0);
+  get_exact(c, t[N - 1], NTOK, per_part() / 2, 700 + N - 1, KVT_TIER_DISK);
   kvt_close(c);
 }
 
@@ -1175,6 +1198,7 @@ int main(void) {
       cmocka_unit_test(objects_on_disk_survive_a_reopen),
       cmocka_unit_test(a_find_and_get_after_a_reopen_read_each_part_once),
       cmocka_unit_test(objects_a_reopen_forgot_are_found_by_reading_part_0),
+      cmocka_unit_test(a_reopen_remembers_hundreds_of_objects),
       cmocka_unit_test(an_object_put_since_find_is_a_miss),
       cmocka_unit_test(a_longer_object_put_since_find_is_a_miss),
       cmocka_unit_test(unaligned_or_unregistered_buffers_round_trip),

@@ -696,7 +696,7 @@ typedef struct kvt_stats {
   uint64_t jobs_started, jobs_failed; /* failed: finished with an error (cancelled ones apart) */
   uint64_t resident_device, resident_host, resident_disk; /* slots in use per tier */
   uint64_t disk_recovered, disk_discarded; /* at kvt_register_layout */
-  uint64_t metadata_bytes; /* tier map, jobs, request table and request refs */
+  uint64_t metadata_bytes; /* tier map, jobs, request table and request refs, object headers remembered */
   uint64_t jobs_cancelled;
   /* At kvt_register_layout: the disk tier started empty because its
    * superblock was damaged (or a block device held another namespace). */

@@ -527,7 +527,8 @@ int kvt_keys_from_opaque(const kvt_cache *c, const void *opaque, size_t key_byte
 
 /* Everything allocated for bookkeeping (lock held): the tier map and its
  * free-slot stacks, device-slot tokens, the host slots' follower lists,
- * jobs, handles, requests and their refs, and storage mode's jobs. */
+ * jobs, handles, requests and their refs, storage mode's jobs, and the
+ * headers of objects remembered. */
 static size_t metadata_bytes(const kvt_cache *c) {
   size_t b = kvt__index_bytes(&c->map), m = c->cfg.max_job_blocks;
   for (int t = 0; t < KVT__NTIERS; t++) b += (size_t)c->slots[t].capacity * sizeof(uint32_t);
@@ -538,7 +539,7 @@ static size_t metadata_bytes(const kvt_cache *c) {
   b += (size_t)c->n_xchunks * (sizeof(kvt__xchunk) + 2 * sizeof(uint32_t)); /* streamed copies */
   b += (size_t)c->cfg.max_jobs * (sizeof(kvt__handle) + sizeof(uint32_t));
   b += (size_t)c->cfg.max_requests * (sizeof(kvt__request) + sizeof(uint32_t)) + kvt__refs_bytes(c);
-  b += kvt__storage_metadata_bytes(c);
+  b += kvt__storage_metadata_bytes(c) + kvt__object_memo_bytes(c);
   return b + m * (1 + sizeof(uint32_t)); /* planner and commit scratch */
 }
 

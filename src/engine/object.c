@@ -345,17 +345,28 @@ static void object_pieces(object_io *io, int part_read) {
 
 /* Headers of objects this cache put or read from disk, so that finding
  * one again reads nothing (a disk read of part 0 is a worker's round trip
- * and a part's I/O: most of a small object's restore). Direct-mapped by
- * key: a collision only forgets. An entry names a header that was whole
- * and checked when it was entered; find still checks that every part is
- * in a tier, and get checks the header it reads against the one find
- * described (another put since is a miss, not a corruption). Guarded by
- * c->lock. */
-#define MEMO_SLOTS 256u
+ * and a part's I/O: most of a small object's restore). A set of MEMO_WAYS
+ * places per bucket, chosen by the key's low bits; a header that finds its
+ * bucket full takes the place of the one found or entered longest ago, so
+ * only more than MEMO_WAYS live objects in one bucket forget one. An entry
+ * names a header that was whole and checked when it was entered; find
+ * still checks that every part is in a tier, and get checks the header it
+ * reads against the one find described (another put since is a miss, not
+ * a corruption). Guarded by c->lock. Sized to the tiers when the first
+ * object call comes: places for four times their blocks (every object has
+ * a part at least), a power of two between MEMO_MIN_SLOTS and
+ * MEMO_MAX_SLOTS (88 bytes each: 5.5 MiB at most). At a fixed 256 places,
+ * one per key, a llama.cpp restore of 480 chunks on the disk tier read
+ * 2 MB of part 0s only to find them (0.85-1.07 ms per turn; 960 chunks:
+ * 1.9-2.5). */
+#define MEMO_WAYS 8u
+#define MEMO_MIN_SLOTS 256u
+#define MEMO_MAX_SLOTS (1u << 16)
 
 typedef struct memo_entry {
   object_header h;
-  uint64_t seq; /* its part 0 record's, when a reopen found it there; else 0 */
+  uint64_t seq;   /* its part 0 record's, when a reopen found it there; else 0 */
+  uint64_t stamp; /* when it was entered or last found (the memo's clock) */
   uint8_t used;
 } memo_entry;
 
@@ -397,21 +408,67 @@ typedef struct key_claim {
 } key_claim;
 
 struct kvt__object_memo {
-  memo_entry e[MEMO_SLOTS];
   kept_part0 p0;
   key_claim *claims; /* puts, removes and gets in progress, removes waiting */
   uint64_t claim_seq;
+  uint64_t clock;    /* stamps memo entries */
+  uint32_t n_slots;  /* a power of two, MEMO_WAYS per bucket */
+  memo_entry e[];
 };
 
-static memo_entry *memo_slot(kvt_cache *c, const kvt_key *key, int make) {
-  if (!c->objects && make) c->objects = calloc(1, sizeof *c->objects);
-  return c->objects ? &c->objects->e[key->lo % MEMO_SLOTS] : NULL;
+static uint32_t memo_slots_for(const kvt_cache *c) {
+  uint64_t want = 4 * ((uint64_t)c->cap[KVT__T_HOST] + c->cap[KVT__T_DISK]);
+  uint32_t n = MEMO_MIN_SLOTS;
+  while (n < want && n < MEMO_MAX_SLOTS) n *= 2;
+  return n;
+}
+
+/* The memo, made at the first call that needs it; NULL without memory. Lock held. */
+static struct kvt__object_memo *memo_make(kvt_cache *c) {
+  if (!c->objects) {
+    uint32_t n = memo_slots_for(c);
+    c->objects = calloc(1, sizeof *c->objects + (size_t)n * sizeof(memo_entry));
+    if (c->objects) c->objects->n_slots = n;
+  }
+  return c->objects;
+}
+
+static memo_entry *memo_bucket(const kvt_cache *c, const kvt_key *key) {
+  uint32_t buckets = c->objects->n_slots / MEMO_WAYS;
+  return (memo_entry *)&c->objects->e[(key->lo & (buckets - 1)) * MEMO_WAYS];
+}
+
+/* key's entry, or NULL. Lock held. */
+static memo_entry *memo_find(const kvt_cache *c, const kvt_key *key) {
+  if (!c->objects) return NULL;
+  memo_entry *b = memo_bucket(c, key);
+  for (uint32_t w = 0; w < MEMO_WAYS; w++)
+    if (b[w].used && kvt__key_eq(&b[w].h.key, key)) return &b[w];
+  return NULL;
+}
+
+/* The place for key's header: its entry, a free place, else the one of
+ * its bucket stamped earliest. NULL without memory. Lock held. */
+static memo_entry *memo_place(kvt_cache *c, const kvt_key *key) {
+  memo_entry *m = memo_find(c, key);
+  if (m || !memo_make(c)) return m;
+  memo_entry *b = memo_bucket(c, key);
+  m = &b[0];
+  for (uint32_t w = 0; w < MEMO_WAYS; w++) {
+    if (!b[w].used) return &b[w];
+    if (b[w].stamp < m->stamp) m = &b[w];
+  }
+  return m;
+}
+
+size_t kvt__object_memo_bytes(const kvt_cache *c) {
+  return c->objects ? sizeof *c->objects + (size_t)c->objects->n_slots * sizeof(memo_entry) : 0;
 }
 
 static void memo_put(kvt_cache *c, const object_header *h) {
   pthread_mutex_lock(&c->lock);
-  memo_entry *m = memo_slot(c, &h->key, 1);
-  if (m) *m = (memo_entry){.h = *h, .used = 1};
+  memo_entry *m = memo_place(c, &h->key);
+  if (m) *m = (memo_entry){.h = *h, .stamp = ++c->objects->clock, .used = 1};
   pthread_mutex_unlock(&c->lock);
 }
 
@@ -419,25 +476,27 @@ static void memo_put(kvt_cache *c, const object_header *h) {
  * as the newest record of a key does. */
 static void memo_put_found(kvt_cache *c, const object_header *h, uint64_t seq) {
   pthread_mutex_lock(&c->lock);
-  memo_entry *m = memo_slot(c, &h->key, 1);
+  memo_entry *m = memo_place(c, &h->key);
   if (m && !(m->used && kvt__key_eq(&m->h.key, &h->key) && m->seq > seq))
-    *m = (memo_entry){.h = *h, .seq = seq, .used = 1};
+    *m = (memo_entry){.h = *h, .seq = seq, .stamp = ++c->objects->clock, .used = 1};
   pthread_mutex_unlock(&c->lock);
 }
 
 static int memo_get(kvt_cache *c, const kvt_key *key, object_header *h) {
   pthread_mutex_lock(&c->lock);
-  memo_entry *m = memo_slot(c, key, 0);
-  int rc = m && m->used && kvt__key_eq(&m->h.key, key) ? 0 : KVT_EMISS;
-  if (rc == 0) *h = m->h;
+  memo_entry *m = memo_find(c, key);
+  if (m) {
+    *h = m->h;
+    m->stamp = ++c->objects->clock;
+  }
   pthread_mutex_unlock(&c->lock);
-  return rc;
+  return m ? 0 : KVT_EMISS;
 }
 
 static void memo_drop(kvt_cache *c, const kvt_key *key) {
   pthread_mutex_lock(&c->lock);
-  memo_entry *m = memo_slot(c, key, 0);
-  if (m && m->used && kvt__key_eq(&m->h.key, key)) m->used = 0;
+  memo_entry *m = memo_find(c, key);
+  if (m) m->used = 0;
   if (c->objects && c->objects->p0.used && kvt__key_eq(&c->objects->p0.h.key, key)) c->objects->p0.used = 0;
   pthread_mutex_unlock(&c->lock);
 }
@@ -461,7 +520,7 @@ static void p0_attach(kvt_cache *c, char *mem) {
  * get. The bytes are copied with no lock held: the buffer is detached. */
 static void p0_keep(kvt_cache *c, const object_header *h, const char *part, size_t block) {
   pthread_mutex_lock(&c->lock);
-  memo_slot(c, &h->key, 1);
+  memo_make(c);
   char *mem = p0_detach(c);
   pthread_mutex_unlock(&c->lock);
   if (!mem && posix_memalign((void **)&mem, PAGE, block)) return;
@@ -562,8 +621,7 @@ static int claim_blocks(const key_claim *p, const key_claim *me) {
 static int claim_take(kvt_cache *c, const kvt_key *key, key_claim *me, int wait, int shared) {
   int rc = 0;
   pthread_mutex_lock(&c->lock);
-  memo_slot(c, key, 1);
-  if (!c->objects) {
+  if (!memo_make(c)) {
     rc = -ENOMEM;
   } else {
     *me = (key_claim){.key = *key, .shared = shared, .seq = c->objects->claim_seq++};
