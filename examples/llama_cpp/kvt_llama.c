@@ -76,7 +76,11 @@ static int open_cache(kl_engine *e) {
   l.segments = &seg;
   l.flags = KVT_LAYOUT_STORAGE;
   if (rc == 0) rc = kvt_register_layout(e->cache, &l);
-  if (rc) fprintf(stderr, "kvtier: %s %s\n", kvt_strerror(rc), e->cache ? kvt_error_detail(e->cache) : "");
+  if (rc) {
+    fprintf(stderr, "kvtier: %s %s\n", kvt_strerror(rc), e->cache ? kvt_error_detail(e->cache) : "");
+    kvt_close(e->cache); /* no cache rather than one without a layout: turns recompute */
+    e->cache = NULL;
+  }
   return rc;
 }
 
@@ -284,6 +288,7 @@ static int put_chunk(kl_engine *e, kvt_cache *into, const llama_token *t, size_t
 
 int kl_store(kl_engine *e, kvt_cache *into, const llama_token *t, size_t n) {
   if (!into) into = e->cache;
+  if (!into) return KVT_ESTATE; /* kl_restart_cache failed */
   if (n < KEY_TOKENS) return -EINVAL;
   llama_memory_t mem = llama_get_memory(e->ctx);
   if (llama_memory_seq_pos_min(mem, 0) != 0 || llama_memory_seq_pos_max(mem, 0) + 1 < (llama_pos)n)

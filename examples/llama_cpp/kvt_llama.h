@@ -124,7 +124,10 @@ int kl_store(kl_engine *e, kvt_cache *into, const llama_token *t, size_t n);
 
 /* Closes kvtier's cache and opens it again on the same disk tier, as a
  * process restart does (llama.cpp's model and context stay): the host tier
- * starts empty, the disk tier is recovered. Returns 0 or kvt_open's code. */
+ * starts empty, the disk tier is recovered. Returns 0, or kvt_open's or
+ * kvt_register_layout's code (say, the disk tier's path cannot be opened):
+ * the engine then has no cache (e->cache NULL) until a kl_restart_cache
+ * succeeds; kl_serve recomputes every turn and kl_park returns KVT_ESTATE. */
 int kl_restart_cache(kl_engine *e);
 
 /* Drops the context's conversation without storing it (its cells; the

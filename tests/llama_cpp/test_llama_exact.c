@@ -142,6 +142,32 @@ static void restore_from_disk_after_a_restart_is_exact(void **s) {
   kl_close(&e);
 }
 
+/* A restart whose disk tier cannot be opened (its path is a directory
+ * now) leaves the engine without a cache: turns recompute, exactly, and
+ * parks say so; a later restart on the file again restores from it. */
+static void a_failed_restart_serves_by_recomputing(void **s) {
+  (void)s;
+  kl_engine e;
+  engine_open(&e, 0, 1);
+  llama_token t[500];
+  tokens_of(t, 500, 20, e.n_vocab);
+  serve_and_park(&e, t, 300);
+  char aside[4300];
+  snprintf(aside, sizeof aside, "%s.aside", disk);
+  assert_int_equal(rename(disk, aside), 0);
+  assert_int_equal(mkdir(disk, 0700), 0);
+  assert_true(kl_restart_cache(&e) != 0);
+  assert_null(e.cache);
+  serve_exact(&e, t, 400, 0, KVT_TIER_NONE);
+  assert_int_equal(kl_park(&e, t, 400), KVT_ESTATE);
+  kl_clear(&e);
+  assert_int_equal(rmdir(disk), 0);
+  assert_int_equal(rename(aside, disk), 0);
+  assert_int_equal(kl_restart_cache(&e), 0);
+  serve_exact(&e, t, 400, 300, KVT_TIER_DISK);
+  kl_close(&e);
+}
+
 /* Flips a byte every 4 KiB from the first record on: every payload. */
 static void corrupt_disk_file(void) {
   int fd = open(disk, O_RDWR);
@@ -302,6 +328,7 @@ int main(void) {
       cmocka_unit_test(restored_logits_are_bit_exact),
       cmocka_unit_test(truncated_state_with_a_new_suffix_is_exact),
       cmocka_unit_test(restore_from_disk_after_a_restart_is_exact),
+      cmocka_unit_test(a_failed_restart_serves_by_recomputing),
       cmocka_unit_test(a_corrupted_record_is_refused_and_recomputed_exactly),
       cmocka_unit_test(a_shared_prefix_restores_the_shared_chunks),
       cmocka_unit_test(a_gap_in_the_chain_restores_up_to_it),
