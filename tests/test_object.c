@@ -527,6 +527,42 @@ static void objects_a_reopen_forgot_are_found_by_reading_part_0(void **s) {
   kvt_close(c);
 }
 
+/* When a bucket of the memory is full, a new header takes the place of
+ * the one entered or found longest ago: with eight objects in a bucket,
+ * the first one found again, then a ninth put, the second one (not the
+ * first, not the last) is forgotten and is found by reading its part 0. */
+static void a_full_bucket_forgets_the_header_used_longest_ago(void **s) {
+  (void)s;
+  enum { N = 9, BUCKETS = 32 }; /* 64 blocks: 256 places, 8 to a bucket */
+  kvt_cache *c = open_objects(0, 64, 1, KVT_LAYOUT_STORAGE);
+  uint32_t t[N][NTOK];
+  conversation(t[0], NTOK, 800);
+  const uint64_t bucket = object_key(c, t[0], NTOK).lo % BUCKETS;
+  uint32_t seed = 801;
+  for (int k = 1; k < N; k++)
+    for (;; seed++) {
+      conversation(t[k], NTOK, seed);
+      if (object_key(c, t[k], NTOK).lo % BUCKETS == bucket) {
+        seed++;
+        break;
+      }
+    }
+  const size_t len = per_part() / 2; /* one part each */
+  for (int k = 0; k < N - 1; k++) put_pattern(c, t[k], NTOK, len, 80 + (uint64_t)k, 0);
+  find(c, t[0], NTOK, 0); /* found: the first is now the most recent */
+  put_pattern(c, t[N - 1], NTOK, len, 80 + N - 1, 0);
+  uint64_t r0 = disk_records(c); /* (puts count too) */
+  for (int k = 0; k < N; k++) {
+    if (k == 1) continue;
+    find(c, t[k], NTOK, 0);
+  }
+  assert_int_equal(disk_records(c) - r0, 0); /* all remembered but the second */
+  find(c, t[1], NTOK, 0);
+  assert_int_equal(disk_records(c) - r0, 1);
+  get_exact(c, t[1], NTOK, len, 81, KVT_TIER_DISK);
+  kvt_close(c);
+}
+
 /* Hundreds of objects are all remembered: after a reopen, finding each
  * reads nothing from disk (the memory is sized to the tiers). */
 static void a_reopen_remembers_hundreds_of_objects(void **s) {
@@ -1199,6 +1235,7 @@ int main(void) {
       cmocka_unit_test(a_find_and_get_after_a_reopen_read_each_part_once),
       cmocka_unit_test(objects_a_reopen_forgot_are_found_by_reading_part_0),
       cmocka_unit_test(a_reopen_remembers_hundreds_of_objects),
+      cmocka_unit_test(a_full_bucket_forgets_the_header_used_longest_ago),
       cmocka_unit_test(an_object_put_since_find_is_a_miss),
       cmocka_unit_test(a_longer_object_put_since_find_is_a_miss),
       cmocka_unit_test(unaligned_or_unregistered_buffers_round_trip),

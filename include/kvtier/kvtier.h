@@ -1006,8 +1006,10 @@ KVT_API int kvt_metrics_write(kvt_cache *c, int format, char *buf, size_t *len);
  * references pass their previous peak) take the rest; in storage mode, its
  * job slots, its workers' tables (256 KiB each with a disk tier) and each
  * job slot's tables, grown to the largest batch it has carried (28 bytes
- * per block, 24 per piece, 4 per token given). kvt_stats's metadata_bytes
- * counts all of it. */
+ * per block, 24 per piece, 4 per token given); with objects, the headers
+ * of objects remembered (88 bytes a place, four places per host and disk
+ * slot, 256 to 65,536 places: at most 5.5 MiB), allocated at the first
+ * object call. kvt_stats's metadata_bytes counts all of it. */
 #define KVT_MAP_BYTES_PER_BLOCK 100
 
 /* ------------------------------------------------------------------ */

@@ -511,9 +511,12 @@ static void run_put(kvt_cache *c, kvt__sworker *w, kvt__sjob *jb) {
  * (a system call each, microseconds apart) reach it in several passes. */
 #define GET_BATCH 32u
 
-/* Straight reads a get keeps in flight per worker (see KVT__STRAIGHT_MIN_WINDOW). */
+/* Straight reads a get keeps in flight per worker (see KVT__STRAIGHT_MIN_WINDOW):
+ * a quarter of the blocks it reads from disk. */
 static uint32_t straight_window(const kvt__sjob *jb) {
-  uint32_t n = jb->n_blocks / 4;
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < jb->n_blocks; i++) n += jb->blocks[i].entry != KVT__NONE && jb->blocks[i].tier == KVT__T_DISK;
+  n /= 4;
   return n < KVT__STRAIGHT_MIN_WINDOW ? KVT__STRAIGHT_MIN_WINDOW : n > KVT__STRAIGHT_DEPTH ? KVT__STRAIGHT_DEPTH : n;
 }
 
