@@ -307,6 +307,29 @@ static void a_chunk_of_another_size_is_refused(void **s) {
   kl_close(&b);
 }
 
+/* A later chunk that is refused (under its key, cells of another chunk
+ * size: [0, 256) where [128, 256) belongs) ends the restore there: the
+ * chunk before it stays, the rest is computed, exactly. */
+static void a_refused_later_chunk_keeps_the_chunks_before_it(void **s) {
+  (void)s;
+  kl_engine a, b;
+  engine_open(&a, 64ull << 20, 1);
+  kl_options o;
+  options(&o, 64ull << 20, 1);
+  o.chunk_tokens = 256;
+  assert_int_equal(kl_open(&b, &o), 0);
+  llama_token t[500];
+  tokens_of(t, 500, 75, a.n_vocab);
+  serve_and_park(&a, t, 500); /* [0, 128), [128, 256), [256, 384), [384, 500) */
+  assert_int_equal(kvt_object_remove(a.cache, (const uint32_t *)t, 256), 0);
+  kl_turn turn;
+  assert_int_equal(kl_serve(&b, t, 300, NULL, &turn), 0);
+  assert_int_equal(kl_store(&b, a.cache, t, 256), 0); /* [0, 256) under the key of 256 */
+  serve_exact(&a, t, 500, 128, KVT_TIER_HOST);
+  kl_close(&a);
+  kl_close(&b);
+}
+
 /* A chunk in the middle of the chain gone (removed, as an eviction does):
  * the chunks before it are restored, the rest computed. */
 static void a_gap_in_the_chain_restores_up_to_it(void **s) {
@@ -335,6 +358,7 @@ int main(void) {
       cmocka_unit_test(a_last_chunk_is_cut_where_a_longer_chain_goes_on),
       cmocka_unit_test(chunk_tokens_0_keeps_whole_states),
       cmocka_unit_test(a_chunk_of_another_size_is_refused),
+      cmocka_unit_test(a_refused_later_chunk_keeps_the_chunks_before_it),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
