@@ -563,6 +563,66 @@ static void a_full_bucket_forgets_the_header_used_longest_ago(void **s) {
   kvt_close(c);
 }
 
+/* A find that read a header from disk while the object was removed and
+ * put again (finds take no claim) does not remember what it read: a get
+ * after it returns the object stored now, not the one the find read (an
+ * object of one part would otherwise be served from the kept part 0). */
+static atomic_int keep_delay_us;
+
+static int keep_delay_hook(void *ctx, int site, int64_t arg) {
+  (void)ctx;
+  (void)arg;
+  return site == KVT_FAULT_OBJECT_KEEP_DELAY_US ? atomic_exchange(&keep_delay_us, 0) : 0;
+}
+
+typedef struct find_arg {
+  kvt_cache *c;
+  const uint32_t *t;
+  int rc;
+} find_arg;
+
+static void *find_thread(void *p) {
+  find_arg *a = p;
+  kvt_object_info info = {.size = sizeof info};
+  a->rc = kvt_object_find(a->c, a->t, NTOK, &info);
+  return NULL;
+}
+
+static void a_find_racing_a_put_again_remembers_nothing_stale(void **s) {
+  (void)s;
+  enum { N = 9, BUCKETS = 32 }; /* 64 blocks: 256 places, 8 to a bucket */
+  kvt_cache *c = open_objects(0, 64, 1, KVT_LAYOUT_STORAGE);
+  uint32_t t[N][NTOK];
+  conversation(t[0], NTOK, 900);
+  const uint64_t bucket = object_key(c, t[0], NTOK).lo % BUCKETS;
+  uint32_t seed = 901;
+  for (int k = 1; k < N; k++)
+    for (;; seed++) {
+      conversation(t[k], NTOK, seed);
+      if (object_key(c, t[k], NTOK).lo % BUCKETS == bucket) {
+        seed++;
+        break;
+      }
+    }
+  const size_t len = per_part() / 2; /* one part each */
+  for (int k = 0; k < N; k++) put_pattern(c, t[k], NTOK, len, 90 + (uint64_t)k, 0);
+  /* The ninth put took the first one's place: finding it reads part 0. */
+  atomic_store(&keep_delay_us, 300000);
+  kvt__fault_set(keep_delay_hook, NULL);
+  find_arg a = {.c = c, .t = t[0]};
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, find_thread, &a), 0);
+  for (int ms = 0; atomic_load(&keep_delay_us) != 0 && ms < 10000; ms++) usleep(1000);
+  assert_int_equal(atomic_load(&keep_delay_us), 0); /* it read part 0 and sleeps */
+  assert_int_equal(kvt_object_remove(c, t[0], NTOK), 0);
+  put_pattern(c, t[0], NTOK, len, 99, 0); /* the same length: only its bytes differ */
+  pthread_join(th, NULL);
+  kvt__fault_set(NULL, NULL);
+  assert_int_equal(a.rc, 0);
+  get_exact(c, t[0], NTOK, len, 99, KVT_TIER_DISK);
+  kvt_close(c);
+}
+
 /* Hundreds of objects are all remembered: after a reopen, finding each
  * reads nothing from disk (the memory is sized to the tiers). */
 static void a_reopen_remembers_hundreds_of_objects(void **s) {
@@ -1236,6 +1296,7 @@ int main(void) {
       cmocka_unit_test(objects_a_reopen_forgot_are_found_by_reading_part_0),
       cmocka_unit_test(a_reopen_remembers_hundreds_of_objects),
       cmocka_unit_test(a_full_bucket_forgets_the_header_used_longest_ago),
+      cmocka_unit_test(a_find_racing_a_put_again_remembers_nothing_stale),
       cmocka_unit_test(an_object_put_since_find_is_a_miss),
       cmocka_unit_test(a_longer_object_put_since_find_is_a_miss),
       cmocka_unit_test(unaligned_or_unregistered_buffers_round_trip),

@@ -8,11 +8,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "core/hash.h"
 #include "engine/storage.h"
 #include "store/record.h"
 #include "util/clock.h"
+#include "util/fault.h"
 
 #define OBJECT_MAGIC 0x33304a424f54564bull /* "KVTOBJ03" */
 
@@ -412,6 +414,7 @@ struct kvt__object_memo {
   key_claim *claims; /* puts, removes and gets in progress, removes waiting */
   uint64_t claim_seq;
   uint64_t clock;    /* stamps memo entries */
+  uint64_t gen;      /* drops so far (puts, removes, failed gets): see memo_gen */
   uint32_t n_slots;  /* a power of two, MEMO_WAYS per bucket */
   memo_entry e[];
 };
@@ -472,6 +475,14 @@ static void memo_put(kvt_cache *c, const object_header *h) {
   pthread_mutex_unlock(&c->lock);
 }
 
+/* A header a find read from disk, as memo_put when no drop came since gen. */
+static void memo_put_read(kvt_cache *c, const object_header *h, uint64_t gen) {
+  pthread_mutex_lock(&c->lock);
+  memo_entry *m = c->objects && c->objects->gen == gen ? memo_place(c, &h->key) : NULL;
+  if (m) *m = (memo_entry){.h = *h, .stamp = ++c->objects->clock, .used = 1};
+  pthread_mutex_unlock(&c->lock);
+}
+
 /* A header a reopen found in a part 0 record: the newest of a key wins,
  * as the newest record of a key does. */
 static void memo_put_found(kvt_cache *c, const object_header *h, uint64_t seq) {
@@ -496,9 +507,24 @@ static int memo_get(kvt_cache *c, const kvt_key *key, object_header *h) {
 static void memo_drop(kvt_cache *c, const kvt_key *key) {
   pthread_mutex_lock(&c->lock);
   memo_entry *m = memo_find(c, key);
+  if (c->objects) c->objects->gen++;
   if (m) m->used = 0;
   if (c->objects && c->objects->p0.used && kvt__key_eq(&c->objects->p0.h.key, key)) c->objects->p0.used = 0;
   pthread_mutex_unlock(&c->lock);
+}
+
+/* A find that reads a header from disk takes no claim: a put or a remove
+ * of its key may run between its read and its remembering what it read,
+ * which would then be older than what is stored (for an object of one
+ * part, a get would even take the kept part 0 for the stored object's).
+ * Every drop (puts and removes drop their key first) counts, and a find
+ * remembers a header it read only when no drop came since it started
+ * reading: 0 when the memo cannot be made. */
+static uint64_t memo_gen(kvt_cache *c) {
+  pthread_mutex_lock(&c->lock);
+  uint64_t g = memo_make(c) ? c->objects->gen : 0;
+  pthread_mutex_unlock(&c->lock);
+  return g;
 }
 
 /* The kept part 0's buffer, detached (the caller owns it) or NULL. Lock held. */
@@ -517,8 +543,9 @@ static void p0_attach(kvt_cache *c, char *mem) {
 }
 
 /* Keeps part 0 (block bytes at part, its header h checked) for the next
- * get. The bytes are copied with no lock held: the buffer is detached. */
-static void p0_keep(kvt_cache *c, const object_header *h, const char *part, size_t block) {
+ * get, when no drop came since gen (memo_gen). The bytes are copied with
+ * no lock held: the buffer is detached. */
+static void p0_keep(kvt_cache *c, const object_header *h, const char *part, size_t block, uint64_t gen) {
   pthread_mutex_lock(&c->lock);
   memo_make(c);
   char *mem = p0_detach(c);
@@ -527,7 +554,7 @@ static void p0_keep(kvt_cache *c, const object_header *h, const char *part, size
   memcpy(mem, part, block);
   pthread_mutex_lock(&c->lock);
   kept_part0 *k = c->objects ? &c->objects->p0 : NULL;
-  if (k && !k->mem) {
+  if (k && !k->mem && c->objects->gen == gen) {
     k->mem = mem;
     k->h = *h;
     k->used = 1;
@@ -818,6 +845,7 @@ static int read_header(kvt_cache *c, const kvt_key *key, const part_scratch *s, 
   if (memo_get(c, key, h) == 0) return 0;
   part_trailer t;
   size_t block = kvt_block_bytes(c);
+  uint64_t gen = memo_gen(c);
   int from_disk = header_in_host(c, &k0, h, &t) != 0;
   if (from_disk) {
     kvt_piece p = {.ptr = s->mem, .len = block};
@@ -830,8 +858,10 @@ static int read_header(kvt_cache *c, const kvt_key *key, const part_scratch *s, 
       h->parts != parts_for(h->bytes, block) || t.nonce != h->nonce || t.index != 0 || t.parts != h->parts)
     return KVT_ECORRUPT;
   if (from_disk) {
-    memo_put(c, h);
-    p0_keep(c, h, s->mem, block);
+    int us = kvt__fault_check(KVT_FAULT_OBJECT_KEEP_DELAY_US, 0);
+    if (us > 0) usleep((useconds_t)us);
+    memo_put_read(c, h, gen);
+    p0_keep(c, h, s->mem, block, gen);
   }
   return 0;
 }

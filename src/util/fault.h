@@ -25,6 +25,8 @@ typedef enum kvt__fault_site {
                                   (arg: 1 if the caller may wait for a free op) */
   KVT_FAULT_IO_BUF_REGISTER,  /* registration of a fixed buffer with the storage backend
                                  (arg: its length): -errno as the kernel's refusal */
+  KVT_FAULT_OBJECT_KEEP_DELAY_US, /* microseconds to stall an object find between its disk
+                                     read of part 0 and remembering it (return > 0) */
   KVT_FAULT_SITE_COUNT
 } kvt__fault_site;
 
