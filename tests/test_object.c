@@ -306,7 +306,7 @@ static void a_many_part_object_from_disk(void **s) {
 }
 
 /* Reads at the disk at once during a get: each storage worker keeps a
- * window of records in flight (a quarter of its share of the object, 8 to
+ * window of records in flight (a quarter of its share of the object, 4 to
  * 64; 8 staged), not every record of its share, so that the records that
  * landed are checked while the next ones are read. */
 static atomic_int io_now, io_most;

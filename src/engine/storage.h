@@ -41,8 +41,9 @@
  * gets 0.54-0.76 and 0.79-0.90 (the store's default depth was 32 then; it
  * is 8 for 2 MiB records now, 16 ops: puts 0.91, gets 0.94 in one run). */
 #define KVT__STRAIGHT_DEPTH 64u
-/* A get's straight reads in flight per worker: a quarter of its job's
- * blocks, between KVT__STRAIGHT_MIN_WINDOW and KVT__STRAIGHT_DEPTH. A
+/* A get's straight reads in flight per worker: a quarter of the blocks
+ * its job reads from disk, between KVT__STRAIGHT_MIN_WINDOW and
+ * KVT__STRAIGHT_DEPTH. A
  * virtual disk completes the reads it was handed together, so a short job
  * that hands over all its records at once (an 8.4 MB object of 256 KiB
  * parts: two jobs of 16 and 17) waits for all of them, then checks every
@@ -52,8 +53,12 @@
  * 41 gets interleaved in one run: 8.4 MB 4.7-5.1 ms in windows of 8
  * against 5.5-6.1 all at once; 33.6 MB 19.5-19.8 in windows of 8 or 16
  * against 20.5. A long job keeps the whole ring: 512 blocks of 2 MiB got in
- * windows of 8 ran at 0.78-0.82 of raw, at 0.89-0.93 with 64. */
-#define KVT__STRAIGHT_MIN_WINDOW 8u
+ * windows of 8 ran at 0.78-0.82 of raw, at 0.89-0.93 with 64. Small jobs
+ * gain a little from windows of 4 rather than 8 (a 2.1 MB object, two jobs
+ * of 4 and 5 parts: 1.73-1.83 ms against 1.80-1.91, three alternating
+ * pairs; 8.4 MB 5.41-5.64 against 5.57-5.79; llama_bench's 512-token
+ * restore from disk 0.93-0.97 of llama.cpp's cold file against 0.98-1.06). */
+#define KVT__STRAIGHT_MIN_WINDOW 4u
 /* iovecs of a record moved straight: its prefix and the runs of its
  * pieces (adjacent pieces merge); a block needing more goes through
  * staging. */
