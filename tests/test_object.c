@@ -488,26 +488,29 @@ static kvt_key object_key(kvt_cache *c, const uint32_t *tokens, size_t n) {
   return keys[nk - 1];
 }
 
+/* Fills t[0..BUCKET_N) with conversations (from seed on) whose object
+ * keys share one bucket of the memory of a 64-block cache (256 places, 8
+ * to a bucket, chosen by the key's low bits): one more than it holds. */
+enum { BUCKET_N = 9, BUCKETS_64 = 32 };
+
+static void one_bucket(kvt_cache *c, uint32_t t[BUCKET_N][NTOK], uint32_t seed) {
+  conversation(t[0], NTOK, seed++);
+  const uint64_t bucket = object_key(c, t[0], NTOK).lo % BUCKETS_64;
+  for (int k = 1; k < BUCKET_N; k++)
+    do conversation(t[k], NTOK, seed++);
+    while (object_key(c, t[k], NTOK).lo % BUCKETS_64 != bucket);
+}
+
 /* Objects a reopen could not remember (here: nine whose headers share one
  * bucket of the memory, which keeps eight) are found as before, by
  * reading part 0, and the get that follows takes that part 0 as find read
  * it: each part of each object is read once, finds and gets together. */
 static void objects_a_reopen_forgot_are_found_by_reading_part_0(void **s) {
   (void)s;
-  enum { N = 9, BUCKETS = 32 }; /* 64 blocks: 256 places, 8 to a bucket */
+  enum { N = BUCKET_N };
   kvt_cache *c = open_objects(0, 64, 1, KVT_LAYOUT_STORAGE);
   uint32_t t[N][NTOK];
-  conversation(t[0], NTOK, 600);
-  const uint64_t bucket = object_key(c, t[0], NTOK).lo % BUCKETS;
-  uint32_t seed = 601;
-  for (int k = 1; k < N; k++)
-    for (;; seed++) { /* the bucket is chosen by the key's low bits */
-      conversation(t[k], NTOK, seed);
-      if (object_key(c, t[k], NTOK).lo % BUCKETS == bucket) {
-        seed++;
-        break;
-      }
-    }
+  one_bucket(c, t, 600);
   const size_t len = 2 * per_part() + 5; /* three parts each */
   for (int k = 0; k < N; k++) put_pattern(c, t[k], NTOK, len, 71 + (uint64_t)k, 0);
   kvt_close(c);
@@ -533,20 +536,10 @@ static void objects_a_reopen_forgot_are_found_by_reading_part_0(void **s) {
  * first, not the last) is forgotten and is found by reading its part 0. */
 static void a_full_bucket_forgets_the_header_used_longest_ago(void **s) {
   (void)s;
-  enum { N = 9, BUCKETS = 32 }; /* 64 blocks: 256 places, 8 to a bucket */
+  enum { N = BUCKET_N };
   kvt_cache *c = open_objects(0, 64, 1, KVT_LAYOUT_STORAGE);
   uint32_t t[N][NTOK];
-  conversation(t[0], NTOK, 800);
-  const uint64_t bucket = object_key(c, t[0], NTOK).lo % BUCKETS;
-  uint32_t seed = 801;
-  for (int k = 1; k < N; k++)
-    for (;; seed++) {
-      conversation(t[k], NTOK, seed);
-      if (object_key(c, t[k], NTOK).lo % BUCKETS == bucket) {
-        seed++;
-        break;
-      }
-    }
+  one_bucket(c, t, 800);
   const size_t len = per_part() / 2; /* one part each */
   for (int k = 0; k < N - 1; k++) put_pattern(c, t[k], NTOK, len, 80 + (uint64_t)k, 0);
   find(c, t[0], NTOK, 0); /* found: the first is now the most recent */
@@ -590,20 +583,10 @@ static void *find_thread(void *p) {
 
 static void a_find_racing_a_put_again_remembers_nothing_stale(void **s) {
   (void)s;
-  enum { N = 9, BUCKETS = 32 }; /* 64 blocks: 256 places, 8 to a bucket */
+  enum { N = BUCKET_N };
   kvt_cache *c = open_objects(0, 64, 1, KVT_LAYOUT_STORAGE);
   uint32_t t[N][NTOK];
-  conversation(t[0], NTOK, 900);
-  const uint64_t bucket = object_key(c, t[0], NTOK).lo % BUCKETS;
-  uint32_t seed = 901;
-  for (int k = 1; k < N; k++)
-    for (;; seed++) {
-      conversation(t[k], NTOK, seed);
-      if (object_key(c, t[k], NTOK).lo % BUCKETS == bucket) {
-        seed++;
-        break;
-      }
-    }
+  one_bucket(c, t, 900);
   const size_t len = per_part() / 2; /* one part each */
   for (int k = 0; k < N; k++) put_pattern(c, t[k], NTOK, len, 90 + (uint64_t)k, 0);
   /* The ninth put took the first one's place: finding it reads part 0. */

@@ -47,6 +47,14 @@ static void engine_open(kl_engine *e, uint64_t host_bytes, int reset) {
   assert_int_equal(kl_open(e, &o), 0);
 }
 
+/* A second engine, of another chunk size, on a disk file of its own. */
+static void engine_open_chunks(kl_engine *e, uint32_t chunk_tokens) {
+  kl_options o;
+  options(&o, 64ull << 20, 1);
+  o.chunk_tokens = chunk_tokens;
+  assert_int_equal(kl_open(e, &o), 0);
+}
+
 /* A conversation: token ids from a fixed generator, inside the vocabulary. */
 static void tokens_of(llama_token *t, size_t n, uint32_t seed, int32_t n_vocab) {
   uint32_t x = seed * 2654435761u + 12345u;
@@ -293,10 +301,7 @@ static void a_chunk_of_another_size_is_refused(void **s) {
   (void)s;
   kl_engine a, b;
   engine_open(&a, 64ull << 20, 1);
-  kl_options o;
-  options(&o, 64ull << 20, 1);
-  o.chunk_tokens = 512;
-  assert_int_equal(kl_open(&b, &o), 0);
+  engine_open_chunks(&b, 512);
   llama_token t[700];
   tokens_of(t, 700, 70, a.n_vocab);
   kl_turn turn;
@@ -314,10 +319,7 @@ static void a_refused_later_chunk_keeps_the_chunks_before_it(void **s) {
   (void)s;
   kl_engine a, b;
   engine_open(&a, 64ull << 20, 1);
-  kl_options o;
-  options(&o, 64ull << 20, 1);
-  o.chunk_tokens = 256;
-  assert_int_equal(kl_open(&b, &o), 0);
+  engine_open_chunks(&b, 256);
   llama_token t[500];
   tokens_of(t, 500, 75, a.n_vocab);
   serve_and_park(&a, t, 500); /* [0, 128), [128, 256), [256, 384), [384, 500) */
