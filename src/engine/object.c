@@ -468,17 +468,10 @@ size_t kvt__object_memo_bytes(const kvt_cache *c) {
   return c->objects ? sizeof *c->objects + (size_t)c->objects->n_slots * sizeof(memo_entry) : 0;
 }
 
-static void memo_put(kvt_cache *c, const object_header *h) {
+/* Remembers h; with gen (a find's memo_gen), only when no drop came since. */
+static void memo_put(kvt_cache *c, const object_header *h, const uint64_t *gen) {
   pthread_mutex_lock(&c->lock);
-  memo_entry *m = memo_place(c, &h->key);
-  if (m) *m = (memo_entry){.h = *h, .stamp = ++c->objects->clock, .used = 1};
-  pthread_mutex_unlock(&c->lock);
-}
-
-/* A header a find read from disk, as memo_put when no drop came since gen. */
-static void memo_put_read(kvt_cache *c, const object_header *h, uint64_t gen) {
-  pthread_mutex_lock(&c->lock);
-  memo_entry *m = c->objects && c->objects->gen == gen ? memo_place(c, &h->key) : NULL;
+  memo_entry *m = !gen || (c->objects && c->objects->gen == *gen) ? memo_place(c, &h->key) : NULL;
   if (m) *m = (memo_entry){.h = *h, .stamp = ++c->objects->clock, .used = 1};
   pthread_mutex_unlock(&c->lock);
 }
@@ -790,7 +783,7 @@ static int object_put(kvt_cache *c, object_header h, const void *data, size_t le
     kvt_remove(c, io.keys, h.parts, NULL);
     rc = KVT_ENOSPACE;
   }
-  if (rc == 0) memo_put(c, &h);
+  if (rc == 0) memo_put(c, &h, NULL);
 out:
   io_free(c, &io);
   return rc;
@@ -860,7 +853,7 @@ static int read_header(kvt_cache *c, const kvt_key *key, const part_scratch *s, 
   if (from_disk) {
     int us = kvt__fault_check(KVT_FAULT_OBJECT_KEEP_DELAY_US, 0);
     if (us > 0) usleep((useconds_t)us);
-    memo_put_read(c, h, gen);
+    memo_put(c, h, &gen);
     p0_keep(c, h, s->mem, block, gen);
   }
   return 0;
