@@ -18,6 +18,7 @@
 
 #include "helpers.h"
 #include "kvtier/kvtier.h"
+#include "engine/engine.h"
 #include "store/record.h"
 #include "util/fault.h"
 
@@ -343,6 +344,28 @@ static void a_get_keeps_a_window_of_reads_in_flight(void **s) {
   /* The store would take them all (its default depth: 16 MiB of records). */
   assert_in_range(atomic_load(&io_most), 2, WORKERS * window);
   kvt_close(c);
+}
+
+/* A get's or put's parts go to the storage workers in jobs of four parts
+ * or 1 MiB each at least, whichever is fewer. */
+static void parts_are_split_while_each_job_has_four_or_1_mib(void **s) {
+  (void)s;
+  const size_t K = 1024;
+  assert_int_equal(kvt__object_jobs(4, 512 * K, 2), 2); /* 2 MiB: two jobs of 1 MiB */
+  assert_int_equal(kvt__object_jobs(3, 512 * K, 2), 1);
+  assert_int_equal(kvt__object_jobs(8, 256 * K, 2), 2);
+  assert_int_equal(kvt__object_jobs(7, 256 * K, 2), 1);
+  assert_int_equal(kvt__object_jobs(8, 64 * K, 2), 2); /* small parts: four a job */
+  assert_int_equal(kvt__object_jobs(7, 64 * K, 2), 1);
+  assert_int_equal(kvt__object_jobs(16, 16 * K, 4), 4);
+  assert_int_equal(kvt__object_jobs(12, 16 * K, 4), 3);
+  assert_int_equal(kvt__object_jobs(12, 16 * K, 8), 3); /* four jobs at most */
+  assert_int_equal(kvt__object_jobs(100, 16 * K, 8), 4);
+  assert_int_equal(kvt__object_jobs(2, 2048 * K, 2), 2);
+  assert_int_equal(kvt__object_jobs(1, 2048 * K, 2), 1);
+  assert_int_equal(kvt__object_jobs(100, 64 * K, 1), 1);
+  assert_int_equal(kvt__object_jobs(100, 64 * K, 0), 1);
+  assert_int_equal(kvt__object_jobs(0, 64 * K, 2), 1);
 }
 
 /* Every record of the disk file (slots of them), read whole. */
@@ -1273,6 +1296,7 @@ int main(void) {
       cmocka_unit_test(a_corrupted_part_is_a_miss),
       cmocka_unit_test(a_many_part_object_from_disk),
       cmocka_unit_test(a_get_keeps_a_window_of_reads_in_flight),
+      cmocka_unit_test(parts_are_split_while_each_job_has_four_or_1_mib),
       cmocka_unit_test(a_part_of_another_put_is_refused),
       cmocka_unit_test(objects_on_disk_survive_a_reopen),
       cmocka_unit_test(a_find_and_get_after_a_reopen_read_each_part_once),

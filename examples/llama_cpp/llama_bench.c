@@ -37,8 +37,8 @@
  * after the kernel merged them, and KiB read. It shows that the cold file
  * really is read from the device (all its bytes, every round), and how
  * each side's reads reach it: the file in a few large requests of the
- * kernel's read-ahead, kvtier in its parts' records (256 KiB and a 4 KiB
- * prefix each, their meta pages making 3.5% more bytes than the state;
+ * kernel's read-ahead, kvtier in its parts' records (512 KiB and a 4 KiB
+ * prefix each, their meta pages making 1.6 to 2.2% more bytes than the state;
  * the last part read only up to the state's last page), merged when
  * adjacent.
  *

@@ -336,6 +336,7 @@ int kvt__storage_init(kvt_cache *c);  /* at the end of kvt_register_layout */
 void kvt__storage_fini(kvt_cache *c); /* in kvt_close, after kvt_drain; NULL storage is fine */
 void kvt__object_memo_free(kvt_cache *c); /* in kvt_close */
 size_t kvt__object_memo_bytes(const kvt_cache *c); /* lock held */
+uint32_t kvt__object_jobs(uint32_t n, size_t part_bytes, uint32_t workers); /* a get's or put's split */
 /* The disk scan's on_record at open: remembers the objects whose part 0 it
  * reads (their header is that record's token ids). */
 void kvt__object_on_record(void *cache, const kvt__record_hdr *h, const uint32_t *tokens);

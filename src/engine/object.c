@@ -132,13 +132,26 @@ static void spills_wait(kvt_cache *c, const kvt_key *keys, uint32_t n) {
   pthread_mutex_unlock(&c->lock);
 }
 
+enum { MAX_SPLIT = 4 };
+
+/* Jobs for n parts of part_bytes: one a worker, while each has four parts
+ * or 1 MiB of them, whichever is fewer (below that, one job's overhead is
+ * less than the parallel checks save). So a 2 MiB state in parts of
+ * 512 KiB (four to read after the first) is split in two, as its eight
+ * parts of 256 KiB are. */
+uint32_t kvt__object_jobs(uint32_t n, size_t part_bytes, uint32_t workers) {
+  uint32_t least = part_bytes >= ((size_t)1 << 20) ? 1 : (uint32_t)(((size_t)1 << 20) / part_bytes);
+  if (least > 4) least = 4;
+  uint32_t split = workers < MAX_SPLIT ? workers : MAX_SPLIT;
+  while (split > 1 && n < least * split) split--;
+  return split ? split : 1;
+}
+
 /* Runs opaque-keyed storage batches of n parts (ppb pieces each) and waits:
  * split between the storage workers, which copy (and read) in parallel. */
 static int run_parts(kvt_cache *c, int get, const kvt_key *keys, const kvt_piece *pieces, uint32_t n, uint32_t ppb,
                      const uint32_t *tokens) {
-  enum { MAX_SPLIT = 4 };
-  uint32_t split = c->storage && c->storage->n_workers < MAX_SPLIT ? c->storage->n_workers : MAX_SPLIT;
-  if (n < 4 * split || tokens) split = 1; /* a few parts: one job's overhead is less */
+  uint32_t split = tokens ? 1 : kvt__object_jobs(n, kvt_block_bytes(c), c->storage ? c->storage->n_workers : MAX_SPLIT);
   kvt_job jobs[MAX_SPLIT];
   uint32_t first[MAX_SPLIT + 1], started = 0;
   int rc = 0;
