@@ -347,7 +347,7 @@ static void a_get_keeps_a_window_of_reads_in_flight(void **s) {
 }
 
 /* A get's or put's parts go to the storage workers in jobs of four parts
- * or 1 MiB each at least, whichever is fewer. */
+ * each at least, or fewer if they make 1 MiB. */
 static void parts_are_split_while_each_job_has_four_or_1_mib(void **s) {
   (void)s;
   const size_t K = 1024;
@@ -366,6 +366,12 @@ static void parts_are_split_while_each_job_has_four_or_1_mib(void **s) {
   assert_int_equal(kvt__object_jobs(100, 64 * K, 1), 1);
   assert_int_equal(kvt__object_jobs(100, 64 * K, 0), 1);
   assert_int_equal(kvt__object_jobs(0, 64 * K, 2), 1);
+  assert_int_equal(kvt__object_jobs(2, 768 * K, 2), 1); /* 1 MiB a job, not one part of 768 KiB */
+  assert_int_equal(kvt__object_jobs(4, 768 * K, 2), 2);
+  assert_int_equal(kvt__object_jobs(6, 300 * K, 2), 1); /* four of 300 KiB make 1 MiB, three do not */
+  assert_int_equal(kvt__object_jobs(8, 300 * K, 2), 2);
+  assert_int_equal(kvt__object_jobs(8, 0, 2), 2); /* no part size: four a job */
+  assert_int_equal(kvt__object_jobs(7, 0, 2), 1);
 }
 
 /* Every record of the disk file (slots of them), read whole. */

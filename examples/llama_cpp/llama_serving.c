@@ -99,7 +99,7 @@ int main(int argc, char **argv) {
   snprintf(path, sizeof path, "%s/llama_serving.kvt", dir);
   o.disk_path = path;
   o.n_ctx = MAX_TOKENS;
-  o.host_bytes = 2u << 20; /* room for two or three states: the rest spills to disk */
+  o.host_bytes = 2u << 20; /* room for one or two states: the rest spills to disk */
   o.disk_bytes = 256u << 20;
   o.disk_reset = 1;
   kl_engine e;

@@ -134,14 +134,14 @@ static void spills_wait(kvt_cache *c, const kvt_key *keys, uint32_t n) {
 
 enum { MAX_SPLIT = 4 };
 
-/* Jobs for n parts of part_bytes: one a worker, while each has four parts
- * or 1 MiB of them, whichever is fewer (below that, one job's overhead is
+/* Jobs for n parts of part_bytes: one a worker, while each has four parts,
+ * or fewer if they make 1 MiB (below that, one job's overhead is
  * less than the parallel checks save). So a 2 MiB state in parts of
  * 512 KiB (four to read after the first) is split in two, as its eight
  * parts of 256 KiB are. */
 uint32_t kvt__object_jobs(uint32_t n, size_t part_bytes, uint32_t workers) {
-  uint32_t least = part_bytes >= ((size_t)1 << 20) ? 1 : (uint32_t)(((size_t)1 << 20) / part_bytes);
-  if (least > 4) least = 4;
+  const size_t mib = (size_t)1 << 20;
+  uint32_t least = !part_bytes || part_bytes < mib / 4 ? 4 : (uint32_t)((mib + part_bytes - 1) / part_bytes);
   uint32_t split = workers < MAX_SPLIT ? workers : MAX_SPLIT;
   while (split > 1 && n < least * split) split--;
   return split ? split : 1;
