@@ -374,6 +374,47 @@ static void parts_are_split_while_each_job_has_four_or_1_mib(void **s) {
   assert_int_equal(kvt__object_jobs(7, 0, 2), 1);
 }
 
+/* The threads that submitted reads during a get, the calling thread's
+ * apart (a find reading a part 0); completions are slowed, so a worker is
+ * still draining its job when the next job is queued. */
+static pthread_mutex_t sub_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_t submitters[8], get_thread;
+static int n_submitters;
+
+static int submitter_hook(void *ctx, int site, int64_t arg) {
+  (void)ctx, (void)arg;
+  if (site == KVT_FAULT_IO_DELAY_US) return 20000;
+  if (site != KVT_FAULT_IO_SUBMIT || pthread_equal(pthread_self(), get_thread)) return 0;
+  pthread_mutex_lock(&sub_lock);
+  int seen = 0;
+  for (int i = 0; i < n_submitters && !seen; i++) seen = pthread_equal(submitters[i], pthread_self());
+  if (!seen && n_submitters < 8) submitters[n_submitters++] = pthread_self();
+  pthread_mutex_unlock(&sub_lock);
+  return 0;
+}
+
+/* An object of five parts of 512 KiB: the four read after its part 0
+ * (2 MiB) go to both storage workers, two jobs of 1 MiB. */
+static void a_get_of_2_mib_in_large_parts_uses_both_workers(void **s) {
+  (void)s;
+  const size_t group_bytes = block_bytes;
+  block_bytes = 512 * 1024;
+  kvt_cache *c = open_objects(0, 16, 1, KVT_LAYOUT_STORAGE);
+  uint32_t tokens[NTOK];
+  conversation(tokens, NTOK, 57);
+  const size_t len = 4 * per_part() + 99;
+  put_pattern(c, tokens, NTOK, len, 93, 0);
+  assert_int_equal(kvt_drain(c), 0);
+  n_submitters = 0;
+  get_thread = pthread_self();
+  kvt__fault_set(submitter_hook, NULL);
+  get_exact(c, tokens, NTOK, len, 93, KVT_TIER_DISK);
+  kvt__fault_set(NULL, NULL);
+  assert_int_equal(n_submitters, 2);
+  kvt_close(c);
+  block_bytes = group_bytes;
+}
+
 /* Every record of the disk file (slots of them), read whole. */
 static char *read_records(uint64_t slots) {
   size_t rec = kvt__record_bytes(BT, BLOCK);
@@ -1303,6 +1344,7 @@ int main(void) {
       cmocka_unit_test(a_many_part_object_from_disk),
       cmocka_unit_test(a_get_keeps_a_window_of_reads_in_flight),
       cmocka_unit_test(parts_are_split_while_each_job_has_four_or_1_mib),
+      cmocka_unit_test(a_get_of_2_mib_in_large_parts_uses_both_workers),
       cmocka_unit_test(a_part_of_another_put_is_refused),
       cmocka_unit_test(objects_on_disk_survive_a_reopen),
       cmocka_unit_test(a_find_and_get_after_a_reopen_read_each_part_once),
