@@ -141,9 +141,9 @@ enum { MAX_SPLIT = 4 };
  * parts of 256 KiB are. */
 uint32_t kvt__object_jobs(uint32_t n, size_t part_bytes, uint32_t workers) {
   const size_t mib = (size_t)1 << 20;
-  uint32_t least = !part_bytes || part_bytes < mib / 4 ? 4 : (uint32_t)((mib + part_bytes - 1) / part_bytes);
+  uint32_t least = part_bytes < mib / 4 ? 4 : (uint32_t)((mib + part_bytes - 1) / part_bytes);
   uint32_t split = workers < MAX_SPLIT ? workers : MAX_SPLIT;
-  while (split > 1 && n < least * split) split--;
+  if (split > n / least) split = n / least;
   return split ? split : 1;
 }
 
