@@ -22,7 +22,7 @@ struct kvt_bench_rows {
     char section[32], name[64], unit[16], note[400];
     double value, limit, target;
     int upper; /* target is an upper bound on the ratio */
-    char detail[1024];
+    char detail[1536];
   } r[MAX_ROWS];
   const char *section;
 };

@@ -31,9 +31,11 @@
  * per GB comes from getrusage (all threads, io-wq workers included); the
  * cpu row sets it beside one core's XXH3 of the same records, hot in cache
  * and read from memory (where a record that just landed from a disk is).
- * Figures per way, worst and best rounds and CPU are in the row's JSON
- * detail. A last row puts durable mode's spill (completed writes covered
- * by group fdatasyncs) against a normal spill of the same records. */
+ * Figures per way, worst and best rounds, CPU, and the store beside
+ * each way within the same rounds (the median of the per-round ratios)
+ * are in the row's JSON detail. A last row puts durable mode's spill
+ * (completed writes covered by group fdatasyncs) against a normal spill
+ * of the same records. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -464,11 +466,16 @@ static hashing seal_gbs(const run *r) {
 
 /* Every way's and the store's figure per round; each is summed up by its
  * median round (the disk's own swings, and other load, move single rounds
- * by several times), its worst and its best. */
+ * by several times), its worst and its best. `paired` sets the store
+ * beside each way within the rounds: the median over rounds of the
+ * store's figure over the way's in the same round, which a swing that
+ * hits a whole round leaves alone, where the ratio of the two medians
+ * takes each side's luck in other rounds. */
 typedef struct side {
   measure samp[N_WAYS + 1][MAX_ROUNDS]; /* [N_WAYS]: the store */
   int rounds;
   measure way[N_WAYS], way_lo[N_WAYS], way_hi[N_WAYS], store, store_lo, store_hi;
+  double paired[N_WAYS];
 } side;
 
 static measure way_run(run *r, int way, int write) {
@@ -498,7 +505,25 @@ static void sum_up(measure *v, int n, measure *mid, measure *lo, measure *hi) {
   *mid = v[n / 2], *lo = v[0], *hi = v[n - 1];
 }
 
+static int by_value(const void *a, const void *b) {
+  const double *x = a, *y = b;
+  return *x < *y ? -1 : *x > *y;
+}
+
+/* Before sum_up, which sorts each side's rounds and so loses the pairs. */
+static void pair_up(side *s) {
+  for (int w = 0; w < N_WAYS; w++) {
+    double v[MAX_ROUNDS];
+    int n = 0;
+    for (int i = 0; i < s->rounds; i++)
+      if (s->samp[w][i].gbs > 0) v[n++] = s->samp[N_WAYS][i].gbs / s->samp[w][i].gbs;
+    qsort(v, (size_t)n, sizeof *v, by_value);
+    s->paired[w] = n ? v[n / 2] : 0;
+  }
+}
+
 static void summarize(side *s) {
+  pair_up(s);
   for (int w = 0; w < N_WAYS; w++) sum_up(s->samp[w], s->rounds, &s->way[w], &s->way_lo[w], &s->way_hi[w]);
   sum_up(s->samp[N_WAYS], s->rounds, &s->store, &s->store_lo, &s->store_hi);
 }
@@ -529,8 +554,10 @@ static void ways_detail(char *out, size_t n, const run *r, const side *s, hashin
     used += (size_t)snprintf(out + used, n - used, " %s %.2f (%.2f..%.2f) %.3f;", way_name(r, w), s->way[w].gbs,
                              s->way_lo[w].gbs, s->way_hi[w].gbs, s->way[w].cpu_per_gb);
   if (used < n)
-    snprintf(out + used, n - used, " store %.2f (%.2f..%.2f) %.3f", s->store.gbs, s->store_lo.gbs,
-             s->store_hi.gbs, s->store.cpu_per_gb);
+    used += (size_t)snprintf(out + used, n - used, " store %.2f (%.2f..%.2f) %.3f; store / way in the same round, median:",
+                             s->store.gbs, s->store_lo.gbs, s->store_hi.gbs, s->store.cpu_per_gb);
+  for (int w = 0; w < N_WAYS && used < n; w++)
+    used += (size_t)snprintf(out + used, n - used, " %s %.3f", way_name(r, w), s->paired[w]);
 }
 
 /* Why a row fell short of the way `w`, in a user's terms. */
@@ -548,7 +575,7 @@ static void shortfall(char *note, size_t n, const run *r, const side *s, int w) 
 
 static void emit(kvt_bench_rows *rows, const run *r, const char *what, const char *model, const side *s,
                  hashing xxh) {
-  char name[64], note[160], detail[1024];
+  char name[64], note[160], detail[1536];
   int b = best_way(s);
   double lim = s->way[b].gbs, ratio = lim > 0 ? s->store.gbs / lim : 0;
   snprintf(name, sizeof name, "%s %s", what, model);
