@@ -278,6 +278,29 @@ static void test_round_trip_byte_exact(void **state) {
   free(w);
 }
 
+/* The cfg's buffer lists need not outlive kvt__disk_open: a store that
+ * kept the caller's arrays would look a buffer's registered index up in
+ * freed memory (a caller passing lists on its stack, as a bench did). */
+static void test_buffer_lists_may_go_after_open(void **state) {
+  fx *f = *state;
+  kvt__disk_close(f->d);
+  const void **bufs = malloc(sizeof *bufs);
+  size_t *lens = malloc(sizeof *lens);
+  assert_non_null(bufs);
+  assert_non_null(lens);
+  bufs[0] = f->pool, lens[0] = f->rec_bytes * SLOTS;
+  kvt__disk_cfg c = cfg_of(f, NS1);
+  c.bufs = bufs, c.buf_lens = lens;
+  assert_int_equal(kvt__disk_open(&c, &f->d), 0);
+  bufs[0] = NULL, lens[0] = 0;
+  free(bufs);
+  free(lens);
+  for (uint32_t s = 0; s < 4; s++) {
+    assert_int_equal(write_sync(f, s, 70 + s), 0);
+    assert_int_equal(read_sync(f, s, 70 + s), 0);
+  }
+}
+
 static void test_unregistered_buffer_round_trip(void **state) {
   fx *f = *state;
   char *own = aligned_alloc(4096, f->rec_bytes);
@@ -1898,6 +1921,7 @@ static void test_fixed_io_error_fails_the_record(void **state) {
 static int run_suite(const char *name) {
   const struct CMUnitTest tests[] = {
       CASE(test_backend_is_the_one_asked_for), CASE(test_round_trip_byte_exact),
+      CASE(test_buffer_lists_may_go_after_open),
       CASE(test_unregistered_buffer_round_trip), CASE(test_wrong_key_is_mismatch),
       CASE(test_flipped_payload_byte), CASE(test_flipped_header_byte), CASE(test_flipped_token_byte),
       CASE(test_flipped_last_payload_byte), CASE(test_torn_record_is_discarded),

@@ -102,8 +102,8 @@ struct kvt__disk {
   uint32_t queue_depth;     /* as configured */
   kvt_key ns;
   kvt__io io;
-  const void *const *bufs; /* host-pool regions, to find a buffer's fixed index */
-  const size_t *buf_lens;
+  uintptr_t *buf_base;      /* host-pool regions, to find a buffer's fixed index: */
+  size_t *buf_lens;         /* the store's copies of the cfg's lists */
   uint32_t n_bufs;
   void *zero_page;          /* 4 KiB of zeros: the tombstone */
 

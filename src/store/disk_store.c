@@ -143,7 +143,7 @@ static disk_op *hq_pop(kvt__disk *d) {
 
 static int buf_index_of(const kvt__disk *d, const void *p, size_t len) {
   for (uint32_t i = 0; i < d->n_bufs; i++) {
-    uintptr_t b = (uintptr_t)d->bufs[i], q = (uintptr_t)p;
+    uintptr_t b = d->buf_base[i], q = (uintptr_t)p;
     if (q >= b && q - b <= d->buf_lens[i] && d->buf_lens[i] - (q - b) >= len) return (int)i;
   }
   return -1;
@@ -859,7 +859,7 @@ static int check_cfg(const kvt__disk_cfg *c) {
   return 0;
 }
 
-static int alloc_runtime(kvt__disk *d) {
+static int alloc_runtime(kvt__disk *d, const kvt__disk_cfg *c) {
   d->ops = calloc(d->depth, sizeof *d->ops);
   d->free_ops = calloc(d->depth, sizeof *d->free_ops);
   d->cqes = calloc(d->depth, sizeof *d->cqes);
@@ -880,6 +880,12 @@ static int alloc_runtime(kvt__disk *d) {
   }
   if (!d->ops || !d->free_ops || !d->cqes || !d->fin || !d->fin_ops || !d->busy || !d->zero_page) return -ENOMEM;
   if (!d->hq || !d->hbatch || !d->dq || !d->left) return -ENOMEM;
+  if (d->n_bufs) {
+    d->buf_base = calloc(d->n_bufs, sizeof *d->buf_base);
+    d->buf_lens = calloc(d->n_bufs, sizeof *d->buf_lens);
+    if (!d->buf_base || !d->buf_lens) return -ENOMEM;
+    for (uint32_t i = 0; i < d->n_bufs; i++) d->buf_base[i] = (uintptr_t)c->bufs[i], d->buf_lens[i] = c->buf_lens[i];
+  }
   memset(d->zero_page, 0, KVT_DISK_SUPER_BYTES);
   for (uint32_t i = 0; i < d->depth; i++) d->free_ops[i] = d->depth - 1 - i;
   d->n_free = d->depth;
@@ -901,8 +907,6 @@ static kvt__disk *disk_new(const kvt__disk_cfg *c) {
   d->depth = d->queue_depth + (d->handoff ? d->queue_depth * KVT_DISK_HASH_HEADROOM_MUL : 0) +
              (c->durable ? d->queue_depth : 0);
   d->io_depth = d->depth > KVT_DISK_SCAN_MIN_WIDTH ? d->depth : KVT_DISK_SCAN_MIN_WIDTH;
-  d->bufs = c->bufs;
-  d->buf_lens = c->buf_lens;
   d->n_bufs = c->n_bufs;
   d->recover_headers_only = c->recover_headers_only;
   d->on_record = c->on_record;
@@ -940,7 +944,7 @@ static int open_backend(kvt__disk *d, const kvt__disk_cfg *c) {
 
 static int open_steps(kvt__disk *d, const kvt__disk_cfg *c) {
   int fresh = 0;
-  int rc = alloc_runtime(d);
+  int rc = alloc_runtime(d, c);
   if (rc == 0) rc = open_file(d, c->path);
   if (rc == 0) rc = kvt__disk_prepare_file(d, c->reset, &fresh);
   if (rc == 0) rc = open_backend(d, c);
@@ -1011,5 +1015,7 @@ void kvt__disk_close(kvt__disk *d) {
   free((void *)d->busy);
   free(d->zero_page);
   free(d->found);
+  free(d->buf_base);
+  free(d->buf_lens);
   free(d);
 }

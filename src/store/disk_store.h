@@ -78,7 +78,7 @@ typedef struct kvt__disk_cfg {
   kvt_disk_backend backend;
   int reset;                 /* discard the file's contents */
   const void *const *bufs;   /* host pool memory to register with the backend */
-  const size_t *buf_lens;
+  const size_t *buf_lens;    /* (both lists are copied: they may go after open) */
   uint32_t n_bufs;
   int recover_headers_only;  /* 1: recovery reads each slot's header and tokens
                                 only (fast on huge files); payloads are still
