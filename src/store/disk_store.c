@@ -52,7 +52,10 @@
  * same 8 buffers: 2.8-3.0). A caller that reuses its buffers as the store
  * hands them back (a staging ring) gets the faster figure at depth 8: the
  * store's fetches, offered its ops' worth of buffers, ran at 0.74-0.86 of
- * raw depth 8 at depth 32 (64 buffers), at 0.91-1.00 at depth 8 (16).
+ * raw depth 8 at depth 32 (64 buffers), at 0.91-1.00 at depth 8 (16) (in
+ * a bench whose store went without registered buffers; with them, depth 8
+ * against 12: fetches 0.98-1.03 of raw depth 8 in the same rounds against
+ * 0.97-1.03, spills 0.95-1.00 against 0.93-0.96, three runs each).
  * Reads into fresh memory (a restore into host slots) span the whole
  * restore either way: the depth changes nothing there (the 10,000-token
  * restore_disk row: 0.91-0.94 of raw before and after). */
