@@ -571,11 +571,14 @@ static void shortfall(char *note, size_t n, const run *r, const side *s, int w) 
   else if (r->rec < (256u << 10))
     snprintf(note, n, "a round trip per small record (%s %.2f)", way_name(r, w), lim);
   else snprintf(note, n, "store overhead (%s %.2f); see --json", way_name(r, w), lim);
+  size_t used = strlen(note);
+  if (s->rounds > 1 && used + 40 < n)
+    snprintf(note + used, n - used, "; %.2f of %s in the same rounds", s->paired[w], way_name(r, w));
 }
 
 static void emit(kvt_bench_rows *rows, const run *r, const char *what, const char *model, const side *s,
                  hashing xxh) {
-  char name[64], note[160], detail[1536];
+  char name[64], note[200], detail[1536];
   int b = best_way(s);
   double lim = s->way[b].gbs, ratio = lim > 0 ? s->store.gbs / lim : 0;
   snprintf(name, sizeof name, "%s %s", what, model);
