@@ -54,6 +54,10 @@ void kvt_bench_row(kvt_bench_rows *rows, const char *name, const char *unit, dou
 void kvt_bench_row_max(kvt_bench_rows *rows, const char *name, const char *unit, double value,
                        double limit, double target, const char *note);
 
+/* The median of v[0..n), n > 0 (v[n / 2] once sorted: for odd n, a value
+ * that was measured); sorts v in place. */
+double kvt_bench_median(double *v, int n);
+
 /* Longer detail for the row just added: printed in --json only. */
 void kvt_bench_row_detail(kvt_bench_rows *rows, const char *detail);
 /* 1 when the kernel backs all of [p, p+n) with transparent huge pages

@@ -57,6 +57,16 @@ void kvt_bench_row_max(kvt_bench_rows *rows, const char *name, const char *unit,
   if (rows->n > before) rows->r[before].upper = 1;
 }
 
+static int by_value(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+double kvt_bench_median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, by_value);
+  return v[n / 2];
+}
+
 void kvt_bench_row_detail(kvt_bench_rows *rows, const char *detail) {
   if (rows->n > 0) snprintf(rows->r[rows->n - 1].detail, sizeof rows->r[0].detail, "%s", detail);
 }

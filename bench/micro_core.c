@@ -142,11 +142,6 @@ static int drop_live(map_bench *m) {
 
 #define MAP_SAMPLES 65536u /* latencies kept per short_acquires run */
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
 /* Median seconds of one short acquire (MAP_SHORT device hits), acquire
  * alone timed. The median, not the mean: on a shared machine a call that
  * lost its CPU to another process weighs as one sample, not as the
@@ -165,8 +160,7 @@ static double short_acquires(map_bench *m, double budget, uint64_t *rng, int *rc
     }
   }
   if (n == 0) return 0;
-  qsort(m->lat, n, sizeof *m->lat, cmp_double);
-  return m->lat[n / 2];
+  return kvt_bench_median(m->lat, (int)n);
 }
 
 /* This thread's CPU time: it does not run while the machine's other load

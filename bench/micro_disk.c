@@ -505,11 +505,6 @@ static void sum_up(measure *v, int n, measure *mid, measure *lo, measure *hi) {
   *mid = v[n / 2], *lo = v[0], *hi = v[n - 1];
 }
 
-static int by_value(const void *a, const void *b) {
-  const double *x = a, *y = b;
-  return *x < *y ? -1 : *x > *y;
-}
-
 /* Before sum_up, which sorts each side's rounds and so loses the pairs. */
 static void pair_up(side *s) {
   for (int w = 0; w < N_WAYS; w++) {
@@ -517,8 +512,7 @@ static void pair_up(side *s) {
     int n = 0;
     for (int i = 0; i < s->rounds; i++)
       if (s->samp[w][i].gbs > 0) v[n++] = s->samp[N_WAYS][i].gbs / s->samp[w][i].gbs;
-    qsort(v, (size_t)n, sizeof *v, by_value);
-    s->paired[w] = n ? v[n / 2] : 0;
+    s->paired[w] = n ? kvt_bench_median(v, n) : 0;
   }
 }
 

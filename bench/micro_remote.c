@@ -196,16 +196,6 @@ static double raw_pass(raw *w, int put, void **recs, size_t rec_bytes, uint32_t 
   return ok ? (double)n * PAYLOAD / s / 1e9 : -1;
 }
 
-static int cmp(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp);
-  return v[n / 2];
-}
-
 enum { P_KV_PUT, P_KV_GET, P_RAW_PUT, P_RAW_GET = P_RAW_PUT + NDEPTHS, NPASS = P_RAW_GET + NDEPTHS };
 
 static int run(const kvt_bench_micro_opts *o, kvt_bench_rows *rows, const char *url, int local) {
@@ -264,7 +254,7 @@ static int run(const kvt_bench_micro_opts *o, kvt_bench_rows *rows, const char *
   }
   if (rc == 0) {
     double med[NPASS];
-    for (int p = 0; p < NPASS; p++) med[p] = median(v[p], rounds);
+    for (int p = 0; p < NPASS; p++) med[p] = kvt_bench_median(v[p], rounds);
     for (int put = 1; put >= 0; put--) {
       int base = put ? P_RAW_PUT : P_RAW_GET, best = 0;
       for (int d = 1; d < NDEPTHS; d++)

@@ -283,19 +283,14 @@ static void staging_costs(const sbench *b, char *recs, size_t rec, double *copy_
   *sum_s = acc == 1 ? 0 : (t2 - t1) / gb; /* acc keeps the sums from being optimized out */
 }
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
 /* The median of v[0..n) (n odd: a measured round), with the worst and best. */
 static double median(const double *v, int n, double *lo, double *hi) {
   double s[ROUNDS];
   memcpy(s, v, (size_t)n * sizeof *s);
-  qsort(s, (size_t)n, sizeof *s, cmp_double);
+  double mid = kvt_bench_median(s, n);
   *lo = s[0];
   *hi = s[n - 1];
-  return s[n / 2];
+  return mid;
 }
 
 /* Passes of a round, by unit: raw writes; straight put, get; raw reads;
