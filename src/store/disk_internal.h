@@ -102,8 +102,10 @@ struct kvt__disk {
   uint32_t queue_depth;     /* as configured */
   kvt_key ns;
   kvt__io io;
-  uintptr_t *buf_base;      /* host-pool regions, to find a buffer's fixed index: */
-  size_t *buf_lens;         /* the store's copies of the cfg's lists */
+  struct disk_region {      /* host-pool regions, to find a buffer's fixed index */
+    uintptr_t base;         /* (copied from the cfg's lists) */
+    size_t len;
+  } *bufs;
   uint32_t n_bufs;
   void *zero_page;          /* 4 KiB of zeros: the tombstone */
 

@@ -146,8 +146,8 @@ static disk_op *hq_pop(kvt__disk *d) {
 
 static int buf_index_of(const kvt__disk *d, const void *p, size_t len) {
   for (uint32_t i = 0; i < d->n_bufs; i++) {
-    uintptr_t b = d->buf_base[i], q = (uintptr_t)p;
-    if (q >= b && q - b <= d->buf_lens[i] && d->buf_lens[i] - (q - b) >= len) return (int)i;
+    uintptr_t b = d->bufs[i].base, q = (uintptr_t)p;
+    if (q >= b && q - b <= d->bufs[i].len && d->bufs[i].len - (q - b) >= len) return (int)i;
   }
   return -1;
 }
@@ -883,12 +883,8 @@ static int alloc_runtime(kvt__disk *d, const kvt__disk_cfg *c) {
   }
   if (!d->ops || !d->free_ops || !d->cqes || !d->fin || !d->fin_ops || !d->busy || !d->zero_page) return -ENOMEM;
   if (!d->hq || !d->hbatch || !d->dq || !d->left) return -ENOMEM;
-  if (d->n_bufs) {
-    d->buf_base = calloc(d->n_bufs, sizeof *d->buf_base);
-    d->buf_lens = calloc(d->n_bufs, sizeof *d->buf_lens);
-    if (!d->buf_base || !d->buf_lens) return -ENOMEM;
-    for (uint32_t i = 0; i < d->n_bufs; i++) d->buf_base[i] = (uintptr_t)c->bufs[i], d->buf_lens[i] = c->buf_lens[i];
-  }
+  if (d->n_bufs && !(d->bufs = calloc(d->n_bufs, sizeof *d->bufs))) return -ENOMEM;
+  for (uint32_t i = 0; i < d->n_bufs; i++) d->bufs[i] = (struct disk_region){(uintptr_t)c->bufs[i], c->buf_lens[i]};
   memset(d->zero_page, 0, KVT_DISK_SUPER_BYTES);
   for (uint32_t i = 0; i < d->depth; i++) d->free_ops[i] = d->depth - 1 - i;
   d->n_free = d->depth;
@@ -1018,7 +1014,6 @@ void kvt__disk_close(kvt__disk *d) {
   free((void *)d->busy);
   free(d->zero_page);
   free(d->found);
-  free(d->buf_base);
-  free(d->buf_lens);
+  free(d->bufs);
   free(d);
 }
