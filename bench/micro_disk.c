@@ -561,7 +561,7 @@ static void shortfall(char *note, size_t n, const run *r, const side *s, int w) 
   else if (s->store_hi.gbs >= lim)
     snprintf(note, n, "within the disk's spread: store %.2f-%.2f", s->store_lo.gbs, s->store_hi.gbs);
   else if (sum < 0.95 * lim)
-    snprintf(note, n, "checksums need CPU time that the busy CPUs lack here: u32+sum %.2f", sum);
+    snprintf(note, n, "verifying reads each record back from memory, slow here: u32+sum %.2f", sum);
   else if (r->rec < (256u << 10))
     snprintf(note, n, "a round trip per small record (%s %.2f)", way_name(r, w), lim);
   else snprintf(note, n, "store overhead (%s %.2f); see --json", way_name(r, w), lim);
@@ -599,8 +599,9 @@ static void emit(kvt_bench_rows *rows, const run *r, const char *what, const cha
   kvt_bench_row(rows, name, "cpu-s/GB", s->store.cpu_per_gb, s->way[b].cpu_per_gb, 0, note);
 }
 
-/* As deep as the store: its default depth, and the ops it may hold (its
- * depth again for records hashed on its checksum threads). */
+/* As deep as the store: its default depth, and room for the ops it may
+ * hold (at most its depth again for records hashed on its checksum
+ * threads: two per thread); the store is offered only its ops' worth. */
 static void size_pool(run *r) {
   r->store_qd = kvt__disk_auto_depth(r->rec, 0);
   r->deep = r->store_qd > 64 ? r->store_qd : 64;

@@ -1117,7 +1117,7 @@ static void test_default_queue_depth_follows_record_size(void **state) {
   assert_int_equal(kvt__disk_open(&dc, &dd), 0);
   kvt__disk_get_info(dd, &in);
   assert_int_equal(in.queue_depth, 8);
-  assert_int_equal(in.ops, 16);
+  assert_int_equal(in.ops, 8 + (2 * in.checksum_threads < 8 ? 2 * in.checksum_threads : 8));
   assert_int_equal(in.scan_width, 64); /* a reopen's scan stays 64 reads deep */
   kvt__disk_close(dd);
   unlink(path);
@@ -1153,12 +1153,13 @@ static void test_default_queue_depth_follows_record_size(void **state) {
 }
 
 /* Records hashed on the checksum threads hold their op while hashed, so
- * the store takes its queue depth again: with the reaper held (every op
- * stays taken), a never-waiting batch queues 8 + 8, and each of those
- * reads is verified on its own (one asks for another key and fails alone). */
+ * the store takes two more per checksum thread: with the reaper held
+ * (every op stays taken), a never-waiting batch queues 8 + 2 x 2, and each
+ * of those reads is verified on its own (one asks for another key and
+ * fails alone). */
 static void test_hashed_records_get_headroom(void **state) {
   fx *f = *state;
-  enum { N = SLOTS, DEPTH = 8, OPS = 2 * DEPTH, WRONG = 5 };
+  enum { N = SLOTS, DEPTH = 8, OPS = DEPTH + 2 * 2, WRONG = 5 };
   reopen_big(f, 2, 0);
   kvt__disk_info in;
   kvt__disk_get_info(f->d, &in);
@@ -1203,11 +1204,47 @@ static void test_hashed_records_get_headroom(void **state) {
   free(w);
 }
 
+/* The headroom follows the checksum threads (two ops each), never more
+ * than the queue depth again: a thread's record in hand and one waiting
+ * for it; more would only hold more of the caller's buffers. */
+static void test_headroom_follows_checksum_threads(void **state) {
+  fx *f = *state;
+  static const uint32_t threads[] = {1, 3, 4, 8}, ops[] = {8 + 2, 8 + 6, 8 + 8, 8 + 8};
+  kvt__disk_info in;
+  for (unsigned i = 0; i < sizeof threads / sizeof threads[0]; i++) {
+    reopen_big(f, threads[i], i > 0);
+    kvt__disk_get_info(f->d, &in);
+    assert_int_equal(in.queue_depth, 8);
+    assert_int_equal(in.ops, ops[i]);
+  }
+  /* Every op usable: a whole headroom of reads, each verified. */
+  for (uint32_t i = 0; i < in.ops; i++) assert_int_equal(write_sync(f, i, 800 + i), 0);
+  waiter *w = waiter_new();
+  kvt__disk_io io[SLOTS];
+  kvt_key keys[SLOTS];
+  memset(f->pool, 0, f->rec_bytes * in.ops);
+  for (uint32_t i = 0; i < in.ops; i++) {
+    keys[i] = key_of(800 + i);
+    g_ws[i] = (wslot){w, (int)i};
+    io[i] = (kvt__disk_io){.slot = i, .rec = host(f, i), .expected_key = &keys[i], .arg = &g_ws[i]};
+  }
+  pthread_mutex_lock(&w->m);
+  w->pending = (int)in.ops;
+  pthread_mutex_unlock(&w->m);
+  assert_int_equal(kvt__disk_try_read_batch(f->d, io, in.ops, on_done), (int)in.ops);
+  waiter_wait(w);
+  for (uint32_t i = 0; i < in.ops; i++) {
+    assert_int_equal(w->status[i], 0);
+    assert_true(rec_ok(host(f, i), 800 + i));
+  }
+  free(w);
+}
+
 /* With the headroom's reads all in flight, an I/O error on one of them
  * fails that block alone; the others are verified and returned. */
 static void test_eio_on_one_read_of_a_full_hashed_queue(void **state) {
   fx *f = *state;
-  enum { OPS = 16 }; /* queue_depth 8 + 8 */
+  enum { OPS = 12 }; /* queue_depth 8 + 2 x 2 checksum threads */
   reopen_big(f, 2, 0);
   for (uint32_t i = 0; i < OPS; i++) assert_int_equal(write_sync(f, i, 600 + i), 0);
   fault_plan p = {KVT_FAULT_IO_COMPLETE, -EIO, 1};
@@ -1266,12 +1303,13 @@ static int count_hook(void *ctx, int site, int64_t arg) {
 
 /* At most queue_depth I/Os are at the disk, writes and reads; the ops over
  * it wait in the store and go as I/Os come back, sent by the reaper and not
- * after a checksum: with the only checksum thread held, all 16 reads (8 and
- * the 8 of headroom) still reach the disk and land, 8 at a time, none
- * verified, and all verify byte-exact once the thread is let go. */
+ * after a checksum: with the only checksum thread held (its record holds
+ * one of the 2 ops of headroom), all 9 reads (8 and the other op of
+ * headroom) still reach the disk and land, 8 at a time, none verified, and
+ * all verify byte-exact once the thread is let go. */
 static void test_disk_gets_queue_depth_and_refills_before_checksums(void **state) {
   fx *f = *state;
-  enum { N = 16, DEPTH = 8 };
+  enum { DEPTH = 8, N = DEPTH + 2 - 1 };
   reopen_big(f, 1, 0);
   disk_count wc = {0};
   waiter *w = waiter_new();
@@ -1935,6 +1973,7 @@ static int run_suite(const char *name) {
       CASE(test_reaper_runs_while_checksums_are_held), CASE(test_newest_call_wins_with_parallel_sealing),
       CASE(test_submit_fault_of_a_sealed_write_reaches_done), CASE(test_flipped_byte_of_a_big_record),
       CASE(test_try_batch_never_waits), CASE(test_hashed_records_get_headroom),
+      CASE(test_headroom_follows_checksum_threads),
       CASE(test_default_queue_depth_follows_record_size),
       CASE(test_the_scan_hands_each_record_to_on_record),
       CASE(test_small_records_get_no_headroom), CASE(test_default_checksum_threads),

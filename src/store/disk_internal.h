@@ -23,19 +23,28 @@
  * reopen's scan is bound by latency, not bandwidth. */
 #define KVT_DISK_SCAN_MIN_WIDTH 64u
 /* Such a record keeps its op while a checksum thread hashes it, out of the
- * ring: the store holds queue_depth * KVT_DISK_HASH_HEADROOM_MUL more ops,
- * so the disk still has queue_depth I/Os while landed reads are verified
- * and writes sealed. Hashing itself holds few (a 2 MiB record verifies in
- * about 0.2 ms on one core); waiting for a checksum thread to be scheduled
- * holds many more, in bursts, on a machine whose CPUs are shared with
- * other work, and completions of a virtual disk arrive 10-30 at a time.
- * With half the queue depth as headroom, ops waiting for a checksum thread
- * left 30-42 of 48 at the disk and fetches of 0.875 MiB records ran 25%
- * under the store without verification; with a whole queue depth, 45-58
- * of 64 stay at the disk and fetches and spills matched raw io_uring
- * (at depth 32; at 8, 2 MiB records' default now, fetches ran at 0.79-1.00
- * of raw depth 8 and spills at 0.86-1.01). */
-#define KVT_DISK_HASH_HEADROOM_MUL 1u
+ * ring: the store holds KVT_DISK_HASH_HEADROOM_PER_THREAD more ops for each
+ * checksum thread (at most queue_depth more), one record that thread
+ * hashes and one waiting for it, so the disk keeps its queue while landed
+ * reads are verified and writes sealed. More headroom than the threads can
+ * work on only holds more of the caller's buffers: a caller that reuses
+ * them as the store hands them back (a staging ring) then spreads its I/O
+ * over more memory, which a virtual disk that copies into guest memory
+ * pays for (raw depth 8 over 16 buffers against 8: 0.75-0.85 of the speed;
+ * in some processes, by where their memory landed, 0.58-0.73). With a
+ * whole queue depth as headroom (2 checksum threads: 16 ops at 2 MiB
+ * records, 36 at 0.875 MiB) against 2 per thread (12 and 22), in
+ * interleaved rounds, 15-24 rounds each, kvtier-bench's disk section on a
+ * two-CPU virtual machine: fetches of 2 MiB records 1.05-1.06x as fast
+ * (19-21 of 24 rounds won), of 0.875 MiB 1.08x (21 of 21), spills 1.02x
+ * and 1.05x; the same store against itself in the same places: 0.98-1.03x.
+ * (A whole queue depth was chosen when the store had no disk queue of its
+ * own: every op went to the disk, and an I/O could start only when a
+ * checksum freed an op; there, at depth 32 and 0.875 MiB records, half a
+ * queue depth of headroom had left 30-42 of 48 ops at the disk and
+ * fetches 25% under. Now the reaper sends waiting I/Os before it hands
+ * landed reads to the checksum threads, see disk_store.c.) */
+#define KVT_DISK_HASH_HEADROOM_PER_THREAD 2u
 /* Durable mode: writes that landed keep their ops until the fdatasync of
  * their group returns, out of the ring as well, so the store holds another
  * queue_depth ops and the disk keeps queue_depth I/Os while a group syncs. */
@@ -136,6 +145,7 @@ struct kvt__disk {
   disk_op **hq;             /* ring of depth entries: no more ops exist */
   disk_op **hbatch;         /* the reaper's: landed reads of one reaped batch */
   uint32_t hq_head, hq_count, n_hashers;
+  uint32_t want_hashers;    /* set at open (0 for records hashed in place) */
   int handoff;              /* slot_bytes >= KVT_DISK_HANDOFF_BYTES */
   int hq_stop;
   pthread_t hashers[KVT_DISK_MAX_HASHERS];

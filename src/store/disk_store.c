@@ -14,8 +14,8 @@
  * checksum then costs no wake-up of a checksum thread in series with the
  * read. An op is in exactly one place at a time (caller,
  * disk queue, backend, reaper, checksum queue, sync queue), and there are
- * queue_depth of them (twice that for records hashed on the checksum
- * threads).
+ * queue_depth of them (and two per checksum thread more for records hashed
+ * on those threads, see KVT_DISK_HASH_HEADROOM_PER_THREAD).
  *
  * At most queue_depth I/Os are at the disk; the ops over that hold reads
  * that landed and wait for their checksums, writes being sealed, and I/Os
@@ -656,10 +656,8 @@ static uint32_t auto_hashers(void) {
 /* Checksum and sync threads first: the reaper hands them ops as soon as it
  * runs. Each is named after its job (kvt-disk-sum, -sync, -reap), so a
  * per-thread profile (perf, top -H) shows which stage spends the time. */
-static int start_threads(kvt__disk *d, uint32_t want) {
-  want = !d->handoff ? 0 : want ? want : auto_hashers();
-  if (want > KVT_DISK_MAX_HASHERS) want = KVT_DISK_MAX_HASHERS;
-  for (; d->n_hashers < want; d->n_hashers++) {
+static int start_threads(kvt__disk *d) {
+  for (; d->n_hashers < d->want_hashers; d->n_hashers++) {
     int rc = pthread_create(&d->hashers[d->n_hashers], NULL, hasher_main, d);
     if (rc) return -rc;
     pthread_setname_np(d->hashers[d->n_hashers], "kvt-disk-sum");
@@ -903,7 +901,10 @@ static kvt__disk *disk_new(const kvt__disk_cfg *c) {
   d->data_off = KVT_DISK_SUPER_BYTES;
   d->ns = c->ns;
   d->queue_depth = c->queue_depth ? c->queue_depth : kvt__disk_auto_depth(d->slot_bytes, c->durable);
-  d->depth = d->queue_depth + (d->handoff ? d->queue_depth * KVT_DISK_HASH_HEADROOM_MUL : 0) +
+  d->want_hashers = !d->handoff ? 0 : c->checksum_threads ? c->checksum_threads : auto_hashers();
+  if (d->want_hashers > KVT_DISK_MAX_HASHERS) d->want_hashers = KVT_DISK_MAX_HASHERS;
+  uint32_t headroom = d->want_hashers * KVT_DISK_HASH_HEADROOM_PER_THREAD;
+  d->depth = d->queue_depth + (headroom < d->queue_depth ? headroom : d->queue_depth) +
              (c->durable ? d->queue_depth : 0);
   d->io_depth = d->depth > KVT_DISK_SCAN_MIN_WIDTH ? d->depth : KVT_DISK_SCAN_MIN_WIDTH;
   d->n_bufs = c->n_bufs;
@@ -953,7 +954,7 @@ static int open_steps(kvt__disk *d, const kvt__disk_cfg *c) {
   if (rc) return rc;
   d->n_found_total = d->n_found;
   atomic_store(&d->next_seq, d->max_seq + 1);
-  return start_threads(d, c->checksum_threads);
+  return start_threads(d);
 }
 
 int kvt__disk_open(const kvt__disk_cfg *cfg, kvt__disk **out) {

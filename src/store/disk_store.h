@@ -51,10 +51,10 @@
  * most one operation per slot may be in flight: a second one returns
  * KVT_EBUSY (the tier map's storing/loading states make this the engine's
  * normal behaviour anyway). Submission blocks while queue_depth operations
- * are in flight; for records hashed on the checksum threads, as many again
- * (a record being verified or sealed, or waiting for a checksum thread,
- * holds its operation but no place at the disk, which keeps queue_depth
- * I/Os). */
+ * are in flight; for records hashed on the checksum threads, two more per
+ * checksum thread, at most queue_depth more (a record being verified or
+ * sealed, or waiting for a checksum thread, holds its operation but no
+ * place at the disk, which keeps queue_depth I/Os). */
 #ifndef KVT_STORE_DISK_STORE_H
 #define KVT_STORE_DISK_STORE_H
 
@@ -231,9 +231,10 @@ typedef struct kvt__disk_info {
   uint64_t slots, slot_bytes, data_offset;
   uint32_t checksum_threads; /* threads sealing writes and verifying reads */
   uint32_t queue_depth;      /* as configured (or the default) */
-  uint32_t ops;              /* operations in flight at most: queue_depth, plus as many
-                                again when records are hashed on the checksum threads,
-                                and again in durable mode (writes waiting for a sync) */
+  uint32_t ops;              /* operations in flight at most: queue_depth, plus two per
+                                checksum thread when records are hashed on them (at
+                                most queue_depth), plus queue_depth in durable mode
+                                (writes waiting for a sync) */
   uint32_t scan_width;       /* reads a recovery pass keeps in flight at most (the
                                 backend's depth: ops, at least 64) */
 } kvt__disk_info;
