@@ -679,8 +679,9 @@ static int durable_row(const kvt_bench_micro_opts *o, kvt_bench_rows *rows, cons
   run r = {.payload = 2u << 20, .rec = kvt__record_bytes(BT, 2u << 20)};
   uint64_t file_bytes = o->quick ? (64ull << 20) : (1ull << 30);
   size_pool(&r);
-  /* The durable store's ops: its depth for each of the disk, the checksum
-   * threads and the syncs. */
+  /* Room for the durable store's ops, at most its depth for each of the
+   * disk, the checksum threads and the syncs; it is offered what it
+   * reports (in.ops). */
   uint32_t d_ops = 3 * kvt__disk_auto_depth(r.rec, 1), n_ops = 0;
   if (r.pool_recs < d_ops) r.pool_recs = d_ops > MAX_POOL_RECS ? MAX_POOL_RECS : d_ops;
   r.slots = file_bytes / r.rec < r.pool_recs * 2 ? r.pool_recs * 2 : file_bytes / r.rec;

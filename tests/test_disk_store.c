@@ -1107,17 +1107,19 @@ static void test_default_queue_depth_follows_record_size(void **state) {
   assert_int_equal(kvt__disk_open(&dc, &dd), 0);
   kvt__disk_get_info(dd, &in);
   assert_int_equal(in.queue_depth, 32);
+  assert_int_equal(in.ops, 32 + 2 * in.checksum_threads + 32); /* disk, checksums, syncs */
   kvt__disk_close(dd);
   dc.queue_depth = 4;
   assert_int_equal(kvt__disk_open(&dc, &dd), 0);
   kvt__disk_get_info(dd, &in);
   assert_int_equal(in.queue_depth, 4);
+  assert_int_equal(in.ops, 4 + 4 + 4); /* headroom capped at the depth */
   kvt__disk_close(dd);
   dc.queue_depth = 0, dc.durable = 0;
   assert_int_equal(kvt__disk_open(&dc, &dd), 0);
   kvt__disk_get_info(dd, &in);
   assert_int_equal(in.queue_depth, 8);
-  assert_int_equal(in.ops, 8 + (2 * in.checksum_threads < 8 ? 2 * in.checksum_threads : 8));
+  assert_int_equal(in.ops, 8 + 2 * in.checksum_threads); /* 2 to 4 threads by default */
   assert_int_equal(in.scan_width, 64); /* a reopen's scan stays 64 reads deep */
   kvt__disk_close(dd);
   unlink(path);
@@ -1217,6 +1219,15 @@ static void test_headroom_follows_checksum_threads(void **state) {
     assert_int_equal(in.queue_depth, 8);
     assert_int_equal(in.ops, ops[i]);
   }
+  /* Asked for more checksum threads than the store runs: as many as it
+   * runs (8), the headroom capped as before. */
+  kvt__disk_close(f->d);
+  kvt__disk_cfg c = cfg_of(f, NS1);
+  c.checksum_threads = 100;
+  assert_int_equal(kvt__disk_open(&c, &f->d), 0);
+  kvt__disk_get_info(f->d, &in);
+  assert_int_equal(in.checksum_threads, 8);
+  assert_int_equal(in.ops, 8 + 8);
   /* Every op usable: a whole headroom of reads, each verified. */
   for (uint32_t i = 0; i < in.ops; i++) assert_int_equal(write_sync(f, i, 800 + i), 0);
   waiter *w = waiter_new();
@@ -1246,6 +1257,9 @@ static void test_eio_on_one_read_of_a_full_hashed_queue(void **state) {
   fx *f = *state;
   enum { OPS = 12 }; /* queue_depth 8 + 2 x 2 checksum threads */
   reopen_big(f, 2, 0);
+  kvt__disk_info in;
+  kvt__disk_get_info(f->d, &in);
+  assert_int_equal(in.ops, OPS);
   for (uint32_t i = 0; i < OPS; i++) assert_int_equal(write_sync(f, i, 600 + i), 0);
   fault_plan p = {KVT_FAULT_IO_COMPLETE, -EIO, 1};
   waiter *w = waiter_new();
@@ -1303,14 +1317,17 @@ static int count_hook(void *ctx, int site, int64_t arg) {
 
 /* At most queue_depth I/Os are at the disk, writes and reads; the ops over
  * it wait in the store and go as I/Os come back, sent by the reaper and not
- * after a checksum: with the only checksum thread held (its record holds
- * one of the 2 ops of headroom), all 9 reads (8 and the other op of
- * headroom) still reach the disk and land, 8 at a time, none verified, and
- * all verify byte-exact once the thread is let go. */
+ * after a checksum: with the only checksum thread held (in a done(), its
+ * op already back), all 10 reads (8 and the 2 of headroom) still reach the
+ * disk and land, 8 at a time, none verified, and all verify byte-exact
+ * once the thread is let go. */
 static void test_disk_gets_queue_depth_and_refills_before_checksums(void **state) {
   fx *f = *state;
-  enum { DEPTH = 8, N = DEPTH + 2 - 1 };
+  enum { DEPTH = 8, N = DEPTH + 2 };
   reopen_big(f, 1, 0);
+  kvt__disk_info in;
+  kvt__disk_get_info(f->d, &in);
+  assert_int_equal(in.ops, N);
   disk_count wc = {0};
   waiter *w = waiter_new();
   kvt__disk_io io[N];
@@ -1443,6 +1460,14 @@ static void test_small_records_get_no_headroom(void **state) {
   kvt__disk_get_info(f->d, &in);
   assert_int_equal(in.checksum_threads, 0);
   assert_int_equal(in.queue_depth, 8);
+  assert_int_equal(in.ops, 8);
+  /* Checksum threads asked for: none run, and no headroom. */
+  kvt__disk_close(f->d);
+  kvt__disk_cfg c = cfg_of(f, NS1);
+  c.checksum_threads = 4;
+  assert_int_equal(kvt__disk_open(&c, &f->d), 0);
+  kvt__disk_get_info(f->d, &in);
+  assert_int_equal(in.checksum_threads, 0);
   assert_int_equal(in.ops, 8);
 }
 
