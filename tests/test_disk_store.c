@@ -870,6 +870,17 @@ static void test_durable_failed_sync_fails_its_group(void **state) {
 
 /* ---- checksum threads ---- */
 
+/* Opens the fixture's store (closed) asking for n checksum threads, and
+ * returns what it reports. */
+static kvt__disk_info open_asking_threads(fx *f, uint32_t n) {
+  kvt__disk_cfg c = cfg_of(f, NS1);
+  c.checksum_threads = n;
+  assert_int_equal(kvt__disk_open(&c, &f->d), 0);
+  kvt__disk_info in;
+  kvt__disk_get_info(f->d, &in);
+  return in;
+}
+
 /* Reopens the fixture as a fresh store of BIG_PAYLOAD records (hashed on
  * n checksum threads); keep_file reopens the same file. */
 static void reopen_big(fx *f, uint32_t n, int keep_file) {
@@ -881,12 +892,7 @@ static void reopen_big(fx *f, uint32_t n, int keep_file) {
     f->rec_bytes = kvt__record_bytes(BT, BIG_PAYLOAD);
     f->pool = aligned_alloc(4096, f->rec_bytes * SLOTS);
   }
-  kvt__disk_cfg c = cfg_of(f, NS1);
-  c.checksum_threads = n;
-  assert_int_equal(kvt__disk_open(&c, &f->d), 0);
-  kvt__disk_info in;
-  kvt__disk_get_info(f->d, &in);
-  assert_int_equal(in.checksum_threads, n);
+  assert_int_equal(open_asking_threads(f, n).checksum_threads, n);
 }
 
 /* A done() that holds its thread until the test lets it go. */
@@ -1222,10 +1228,7 @@ static void test_headroom_follows_checksum_threads(void **state) {
   /* Asked for more checksum threads than the store runs: as many as it
    * runs (8), the headroom capped as before. */
   kvt__disk_close(f->d);
-  kvt__disk_cfg c = cfg_of(f, NS1);
-  c.checksum_threads = 100;
-  assert_int_equal(kvt__disk_open(&c, &f->d), 0);
-  kvt__disk_get_info(f->d, &in);
+  in = open_asking_threads(f, 100);
   assert_int_equal(in.checksum_threads, 8);
   assert_int_equal(in.ops, 8 + 8);
   /* Every op usable: a whole headroom of reads, each verified. */
@@ -1463,10 +1466,7 @@ static void test_small_records_get_no_headroom(void **state) {
   assert_int_equal(in.ops, 8);
   /* Checksum threads asked for: none run, and no headroom. */
   kvt__disk_close(f->d);
-  kvt__disk_cfg c = cfg_of(f, NS1);
-  c.checksum_threads = 4;
-  assert_int_equal(kvt__disk_open(&c, &f->d), 0);
-  kvt__disk_get_info(f->d, &in);
+  in = open_asking_threads(f, 4);
   assert_int_equal(in.checksum_threads, 0);
   assert_int_equal(in.ops, 8);
 }
