@@ -20,8 +20,8 @@
 /* Reads a recovery pass keeps in flight at least (headers of 4 KiB, or
  * whole small records): the backend is opened that deep even when the
  * store's own ops are fewer (large records: 12 ops at 2 MiB with two
- * checksum threads), since a
- * reopen's scan is bound by latency, not bandwidth. */
+ * checksum threads), since a reopen's scan is bound by latency, not
+ * bandwidth. */
 #define KVT_DISK_SCAN_MIN_WIDTH 64u
 /* Such a record keeps its op while a checksum thread hashes it, out of the
  * ring: the store holds KVT_DISK_HASH_HEADROOM_PER_THREAD more ops for each
@@ -31,10 +31,9 @@
  * work on only holds more of the caller's buffers: a caller that reuses
  * them as the store hands them back (a staging ring) then spreads its I/O
  * over more memory, which a virtual disk that copies into guest memory
- * pays for (raw depth 8 over 16 buffers against 8: 0.75-0.85 of the speed;
- * in some processes, by where their memory landed, 0.58-0.73). With a
- * whole queue depth as headroom (2 checksum threads: 16 ops at 2 MiB
- * records, 36 at 0.875 MiB) against 2 per thread (12 and 22), in
+ * pays for (raw depth 8 cycling 64 buffers against 8: 0.62-0.84 of the
+ * speed). With a whole queue depth as headroom (2 checksum threads: 16 ops
+ * at 2 MiB records, 36 at 0.875 MiB) against 2 per thread (12 and 22), in
  * interleaved rounds, 15-24 rounds each, kvtier-bench's disk section on a
  * two-CPU virtual machine: fetches of 2 MiB records 1.05-1.06x as fast
  * (19-21 of 24 rounds won), of 0.875 MiB 1.08x (21 of 21), spills 1.02x
