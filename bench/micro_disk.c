@@ -340,7 +340,7 @@ static measure store_failed(int write, int status) {
 /* Keeps the store as full as it lets itself be for r->seconds (or `count`
  * ops), as a restore does: submit what fits (the try batches), resume when
  * done() hands buffers back. The store takes its queue depth of I/Os, plus
- * its headroom for records hashed on its checksum threads
+ * its headroom for records sealed on its checksum threads
  * (kvt__disk_info.ops <= pool_recs): it is offered that many buffers, the
  * first of the pool, as the raw ways are offered their depth's worth. */
 static measure store_loop_run(run *r, int write, uint64_t count) {

@@ -22,7 +22,8 @@
 
 #define BT 16u
 #define PAYLOAD (64u * 1024u + 100u) /* not 4 KiB-aligned: the record pads it */
-/* Records this big are hashed on the store's checksum threads. */
+/* Records this big are sealed on the store's checksum threads and verified
+ * on its reaper. */
 #define BIG_PAYLOAD (512u * 1024u + 100u)
 
 static size_t g_payload = PAYLOAD; /* of the open fixture */
@@ -928,51 +929,6 @@ static void gate_open(gate *g) {
   gate_wait(g, &g->left);
 }
 
-/* Starts a read of `slot` (written with `seed`) whose done() blocks. */
-static void start_gated_read(fx *f, gate *g, uint32_t slot, uint64_t seed) {
-  static kvt_key k;
-  k = key_of(seed);
-  assert_int_equal(kvt__disk_read(f->d, slot, host(f, 2), &k, gated_done, g), 0);
-  gate_wait(g, &g->entered);
-  assert_int_equal(g->status, 0);
-}
-
-/* Reads are verified and finished on the checksum threads: while one of
- * them is held inside a done(), another read still completes, verified. */
-static void test_a_held_done_does_not_stop_other_reads(void **state) {
-  fx *f = *state;
-  reopen_big(f, 2, 0);
-  assert_int_equal(write_sync(f, 0, 7), 0);
-  assert_int_equal(write_sync(f, 1, 8), 0);
-  gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0};
-  start_gated_read(f, &g, 0, 7);
-  waiter *w = waiter_new();
-  kvt_key k = key_of(8);
-  memset(host(f, 3), 0, f->rec_bytes);
-  assert_int_equal(read_async(f, w, 1, 3, &k), 0);
-  waiter_wait(w);
-  assert_int_equal(w->status[3], 0);
-  assert_true(rec_ok(host(f, 3), 8));
-  gate_open(&g);
-  assert_true(rec_ok(host(f, 2), 7));
-  free(w);
-}
-
-/* The reaper does no hashing and runs no read's done(): with the only
- * checksum thread held, a tombstone still completes. */
-static void test_reaper_runs_while_checksums_are_held(void **state) {
-  fx *f = *state;
-  reopen_big(f, 1, 0);
-  assert_int_equal(write_sync(f, 0, 7), 0);
-  gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0};
-  start_gated_read(f, &g, 0, 7);
-  assert_int_equal(kvt__disk_invalidate(f->d, 5), 0);
-  kvt__disk_stats st;
-  kvt__disk_get_stats(f->d, &st);
-  assert_int_equal(st.invalidates, 1);
-  gate_open(&g);
-}
-
 /* Writes are sealed on several threads at once, but the newest call wins:
  * seq is taken in call order, so recovery keeps the last write of a key. */
 static void test_newest_call_wins_with_parallel_sealing(void **state) {
@@ -1008,7 +964,8 @@ static void test_submit_fault_of_a_sealed_write_reaches_done(void **state) {
   submit_fault_case(*state, 1);
 }
 
-/* Checksums on the checksum threads still catch every corruption. */
+/* Checksums of big records (sealed on the checksum threads, verified on
+ * the reaper) still catch every corruption. */
 static void test_flipped_byte_of_a_big_record(void **state) {
   fx *f = *state;
   reopen_big(f, 2, 0);
@@ -1034,6 +991,83 @@ static int hold_hook(void *ctx, int site, int64_t arg) {
   while (!h->released) pthread_cond_wait(&h->c, &h->m);
   pthread_mutex_unlock(&h->m);
   return 0;
+}
+
+/* What each read's done() saw: the store's verified reads so far, and
+ * the thread it ran on. */
+typedef struct seen_read {
+  waiter *w;
+  kvt__disk *d;
+  int i;
+  uint64_t reads_then;
+  char thread[16];
+} seen_read;
+
+static void seen_done(void *arg, int status) {
+  seen_read *r = arg;
+  kvt__disk_stats st;
+  kvt__disk_get_stats(r->d, &st);
+  r->reads_then = st.reads;
+  pthread_getname_np(pthread_self(), r->thread, sizeof r->thread);
+  on_done(&(wslot){r->w, r->i}, status);
+}
+
+/* Landed reads of big records are verified on the reaper, each finished
+ * before the next is hashed: with the reaper held so that reads land
+ * together, the k-th done() sees k verified reads (hashing a whole batch
+ * before the first done() would show more), every one on the reaper, and
+ * each read byte-exact (one asks for another key and fails alone). */
+static void test_big_reads_finish_one_at_a_time_on_the_reaper(void **state) {
+  fx *f = *state;
+  enum { N = 8, WRONG = 5 };
+  reopen_big(f, 2, 0);
+  for (uint32_t i = 0; i < N; i++) assert_int_equal(write_sync(f, i, 900 + i), 0);
+  kvt__disk_stats st0;
+  kvt__disk_get_stats(f->d, &st0);
+  reap_hold h = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+  waiter *w = waiter_new();
+  static seen_read seen[N];
+  kvt__disk_io io[N];
+  kvt_key keys[N];
+  memset(f->pool, 0, f->rec_bytes * N);
+  for (uint32_t i = 0; i < N; i++) {
+    keys[i] = key_of(i == WRONG ? 999 : 900 + i);
+    seen[i] = (seen_read){w, f->d, (int)i, 0, ""};
+    io[i] = (kvt__disk_io){.slot = i, .rec = host(f, i), .expected_key = &keys[i], .arg = &seen[i]};
+  }
+  w->pending = N;
+  kvt__fault_set(hold_hook, &h);
+  assert_int_equal(kvt__disk_read_batch(f->d, io, N, seen_done), N);
+  pthread_mutex_lock(&h.m);
+  while (!h.held) pthread_cond_wait(&h.c, &h.m);
+  pthread_mutex_unlock(&h.m);
+  usleep(50000); /* the other reads land meanwhile: the next reap takes them together */
+  pthread_mutex_lock(&h.m);
+  h.released = 1;
+  pthread_cond_broadcast(&h.c);
+  pthread_mutex_unlock(&h.m);
+  waiter_wait(w);
+  kvt__fault_set(NULL, NULL);
+  /* The reads that passed saw 1, 2, ... 7 verified reads, each count once;
+   * the mismatch (not counted as a read) saw how many passed before it. */
+  int counted[N] = {0};
+  for (uint32_t i = 0; i < N; i++) {
+    assert_string_equal(seen[i].thread, "kvt-disk-reap");
+    assert_int_equal(w->status[i], i == WRONG ? KVT_EMISMATCH : 0);
+    uint64_t k = seen[i].reads_then - st0.reads;
+    if (i == WRONG) {
+      assert_in_range(k, 0, N - 1);
+      continue;
+    }
+    assert_true(rec_ok(host(f, i), 900 + i));
+    assert_in_range(k, 1, N - 1);
+    assert_int_equal(counted[k]++, 0);
+  }
+  kvt__disk_stats st;
+  kvt__disk_get_stats(f->d, &st);
+  assert_int_equal(st.reads - st0.reads, N - 1);
+  assert_int_equal(st.mismatches - st0.mismatches, 1);
+  free(w);
 }
 
 static void test_try_batch_never_waits(void **state) {
@@ -1160,8 +1194,9 @@ static void test_default_queue_depth_follows_record_size(void **state) {
   free(w);
 }
 
-/* Records hashed on the checksum threads hold their op while hashed, so
- * the store takes two more per checksum thread: with the reaper held
+/* Big records get two more ops per checksum thread (a write holds its op
+ * while a checksum thread seals it, a read that landed while the reaper
+ * verifies it, and I/Os wait in the disk queue for room): with the reaper held
  * (every op stays taken), a never-waiting batch queues 8 + 2 x 2, and each
  * of those reads is verified on its own (one asks for another key and
  * fails alone). */
@@ -1318,12 +1353,21 @@ static int count_hook(void *ctx, int site, int64_t arg) {
   return 0;
 }
 
+/* The first read to finish holds the reaper in its done() (gated), the
+ * others report to their waiter. */
+static gate *g_first;
+static atomic_int g_first_taken;
+
+static void first_held_done(void *arg, int status) {
+  if (!atomic_exchange(&g_first_taken, 1)) gated_done(g_first, status);
+  on_done(arg, status);
+}
+
 /* At most queue_depth I/Os are at the disk, writes and reads; the ops over
- * it wait in the store and go as I/Os come back, sent by the reaper and not
- * after a checksum: with the only checksum thread held (in a done(), its
- * op already back), all 10 reads (8 and the 2 of headroom) still reach the
- * disk and land, 8 at a time, none verified, and all verify byte-exact
- * once the thread is let go. */
+ * it wait in the store and go as I/Os come back, sent by the reaper before
+ * it verifies what landed: when the first read's done() runs (and holds the
+ * reaper there), at least one of the 2 reads of headroom has been sent
+ * after the 8; all 10 verify byte-exact once it is let go. */
 static void test_disk_gets_queue_depth_and_refills_before_checksums(void **state) {
   fx *f = *state;
   enum { DEPTH = 8, N = DEPTH + 2 };
@@ -1347,30 +1391,29 @@ static void test_disk_gets_queue_depth_and_refills_before_checksums(void **state
   kvt__fault_set(NULL, NULL);
   assert_in_range(atomic_load(&wc.most), 1, DEPTH);
   for (uint32_t i = 0; i < N; i++) assert_int_equal(w->status[i], 0);
-  assert_int_equal(write_sync(f, N, 720), 0);
   gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0};
-  start_gated_read(f, &g, N, 720); /* holds the only checksum thread */
+  g_first = &g;
+  atomic_store(&g_first_taken, 0);
   disk_count rc = {0};
   for (uint32_t i = 0; i < N; i++) {
     keys[i] = key_of(700 + i);
-    g_ws[i] = (wslot){w, (int)i}; /* write_sync took g_ws[0] */
     memset(host(f, 3 + i), 0, f->rec_bytes);
     io[i] = (kvt__disk_io){.slot = i, .rec = host(f, 3 + i), .expected_key = &keys[i], .arg = &g_ws[i]};
   }
   w->n_done = 0;
   w->pending = N;
   kvt__fault_set(count_hook, &rc);
-  assert_int_equal(kvt__disk_read_batch(f->d, io, N, on_done), N);
+  assert_int_equal(kvt__disk_read_batch(f->d, io, N, first_held_done), N);
   for (uint32_t i = 0; i < N; i++) assert_int_equal(io[i].status, 0);
-  while (atomic_load(&rc.done) < N) usleep(1000);
-  kvt__fault_set(NULL, NULL);
-  assert_int_equal(atomic_load(&rc.most), DEPTH);
-  pthread_mutex_lock(&w->m);
-  assert_int_equal(w->n_done, 0); /* landed, not verified */
-  pthread_mutex_unlock(&w->m);
-  gate_open(&g);
-  assert_true(rec_ok(host(f, 2), 720));
+  gate_wait(&g, &g.entered); /* the reaper is in the first done() */
+  int sent = atomic_load(&rc.now) + atomic_load(&rc.done);
+  gate_open(&g); /* before any assert: a failed one must not leave the reaper held */
   waiter_wait(w);
+  kvt__fault_set(NULL, NULL);
+  assert_int_equal(g.status, 0);
+  assert_in_range(sent, DEPTH + 1, N);
+  assert_int_equal(atomic_load(&rc.done), N);
+  assert_int_equal(atomic_load(&rc.most), DEPTH);
   for (uint32_t i = 0; i < N; i++) {
     assert_int_equal(w->status[i], 0);
     assert_true(rec_ok(host(f, 3 + i), 700 + i));
@@ -1434,7 +1477,7 @@ static void test_refused_queued_read_fails_alone_through_done(void **state) {
 }
 
 /* By default big records get two to four checksum threads (two on a
- * small machine: one thread's share of busy CPUs capped fetches). */
+ * small machine), which seal writes. */
 static void test_default_checksum_threads(void **state) {
   fx *f = *state;
   reopen_big(f, 1, 0);
@@ -1578,7 +1621,7 @@ static void test_pieces_round_trip_both_ways(void **state) { pieces_case(*state)
 
 static void test_pieces_round_trip_of_a_big_record(void **state) {
   fx *f = *state;
-  reopen_big(f, 2, 0); /* hashed on the checksum threads */
+  reopen_big(f, 2, 0); /* sealed on the checksum threads, verified on the reaper */
   pieces_case(f);
 }
 
@@ -1664,8 +1707,8 @@ static void later_case(fx *f) {
 
 static void test_verify_later_reads_are_checked_by_the_caller(void **state) { later_case(*state); }
 
-/* The same with records big enough for the checksum threads, which a
- * verify_later read passes by. */
+/* The same with records big enough for the checksum threads: a
+ * verify_later read is finished unchecked on the reaper all the same. */
 static void test_verify_later_reads_of_big_records(void **state) {
   fx *f = *state;
   reopen_big(f, 2, 0);
@@ -1994,8 +2037,8 @@ static int run_suite(const char *name) {
       CASE(test_bad_arguments), CASE(test_eio_on_one_write), CASE(test_enospc_on_one_write),
       CASE(test_short_write_is_eio), CASE(test_submit_fault_fails_only_that_request),
       CASE(test_eio_on_read_then_read_again), CASE(test_second_op_on_busy_slot),
-      CASE(test_batches_fail_only_bad_entries), CASE(test_a_held_done_does_not_stop_other_reads),
-      CASE(test_reaper_runs_while_checksums_are_held), CASE(test_newest_call_wins_with_parallel_sealing),
+      CASE(test_batches_fail_only_bad_entries), CASE(test_big_reads_finish_one_at_a_time_on_the_reaper),
+      CASE(test_newest_call_wins_with_parallel_sealing),
       CASE(test_submit_fault_of_a_sealed_write_reaches_done), CASE(test_flipped_byte_of_a_big_record),
       CASE(test_try_batch_never_waits), CASE(test_hashed_records_get_headroom),
       CASE(test_headroom_follows_checksum_threads),

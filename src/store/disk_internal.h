@@ -14,8 +14,10 @@
 #define KVT_DISK_FORMAT_VERSION 1u
 #define KVT_DISK_MAX_RETRIES 8
 #define KVT_DISK_MAX_HASHERS 8u
-/* Records under this size are hashed where they are (caller, reaper):
- * handing one to a checksum thread costs more than hashing it. */
+/* Writes of records under this size are sealed in the call: handing one
+ * to a checksum thread costs more than hashing it. Larger ones are sealed
+ * on the checksum threads. Reads are verified on the reaper at any size
+ * (see disk_store.c). */
 #define KVT_DISK_HANDOFF_BYTES (256u << 10)
 /* Reads a recovery pass keeps in flight at least (headers of 4 KiB, or
  * whole small records): the backend is opened that deep even when the
@@ -23,11 +25,13 @@
  * checksum threads), since a reopen's scan is bound by latency, not
  * bandwidth. */
 #define KVT_DISK_SCAN_MIN_WIDTH 64u
-/* Such a record keeps its op while a checksum thread hashes it, out of the
- * ring: the store holds KVT_DISK_HASH_HEADROOM_PER_THREAD more ops for each
- * checksum thread (at most queue_depth more), one record that thread
- * hashes and one waiting for it, so the disk keeps its queue while landed
- * reads are verified and writes sealed. More headroom than the threads can
+/* Such a record keeps its op out of the ring while it is hashed (a write
+ * on a checksum thread, a read that landed on the reaper): the store holds
+ * KVT_DISK_HASH_HEADROOM_PER_THREAD more ops for each checksum thread (at
+ * most queue_depth more), one record that thread seals and one waiting for
+ * it, so the disk keeps its queue while writes are sealed and landed reads
+ * verified, and reads wait in the disk queue for the reaper to send them
+ * as others land. More headroom than the threads can
  * work on only holds more of the caller's buffers: a caller that reuses
  * them as the store hands them back (a staging ring) then spreads its I/O
  * over more memory, which a virtual disk that copies into guest memory
@@ -42,8 +46,10 @@
  * own: every op went to the disk, and an I/O could start only when a
  * checksum freed an op; there, at depth 32 and 0.875 MiB records, half a
  * queue depth of headroom had left 30-42 of 48 ops at the disk and
- * fetches 25% under. Now the reaper sends waiting I/Os before it hands
- * landed reads to the checksum threads, see disk_store.c.) */
+ * fetches 25% under. Now the reaper sends waiting I/Os before it
+ * verifies landed reads, see disk_store.c. These figures were measured
+ * with reads verified on the checksum threads; the headroom stayed when
+ * they moved to the reaper.) */
 #define KVT_DISK_HASH_HEADROOM_PER_THREAD 2u
 /* Durable mode: writes that landed keep their ops until the fdatasync of
  * their group returns, out of the ring as well, so the store holds another
@@ -136,14 +142,14 @@ struct kvt__disk {
   disk_fin *fin;
   disk_op **fin_ops;
 
-  /* Writes to seal and reads that landed wait here for their checksums,
-   * which run on a few checksum threads: hashing in series on the caller
-   * or the reaper holds the disk to one core's XXH3 speed and delays every
-   * submission or reap behind it. */
+  /* Large writes wait here to be sealed, which runs on a few checksum
+   * threads: sealing in series on the caller holds its submissions to one
+   * core's XXH3 speed of records read from memory. (Reads are verified on
+   * the reaper, just landed.) */
   pthread_mutex_t hq_lock;  /* guards hq_head, hq_count, hq_stop */
   pthread_cond_t hq_cond;   /* an op was queued, or hq_stop */
   disk_op **hq;             /* ring of depth entries: no more ops exist */
-  disk_op **hbatch;         /* the reaper's: landed reads of one reaped batch */
+  disk_op **hbatch;         /* the reaper's: landed reads of one reaped batch, to verify */
   uint32_t hq_head, hq_count, n_hashers;
   uint32_t want_hashers;    /* set at open (0 for records hashed in place) */
   int handoff;              /* slot_bytes >= KVT_DISK_HANDOFF_BYTES */

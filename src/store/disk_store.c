@@ -4,28 +4,42 @@
  * lives in disk_recover.c. Hot paths take an op from a free list set up at
  * open; nothing allocates.
  *
- * Where a record's bytes are hashed: records of KVT_DISK_HANDOFF_BYTES and
- * more are sealed and verified on the checksum threads, so neither the
- * caller nor the reaper ever hashes a large payload in series with the
- * ring; smaller ones are hashed in place, where a thread handoff would cost
- * more than the hash. A read whose caller waits for it on a thread of its
- * own (verify_later: storage mode's workers) is finished unchecked, and
- * that thread checks it (kvt__disk_verify) before it trusts a byte: the
- * checksum then costs no wake-up of a checksum thread in series with the
- * read. An op is in exactly one place at a time (caller,
- * disk queue, backend, reaper, checksum queue, sync queue), and there are
- * queue_depth of them (and two per checksum thread more for records hashed
- * on those threads, see KVT_DISK_HASH_HEADROOM_PER_THREAD).
+ * Where a record's bytes are hashed: writes of KVT_DISK_HANDOFF_BYTES and
+ * more are sealed on the checksum threads, so a caller never hashes a
+ * large payload in series with its submissions; smaller ones are sealed in
+ * the call, where a thread handoff would cost more than the hash. Reads are
+ * verified on the reaper: a large record that landed is hashed there right
+ * after the disk was refilled, and finished (op back, done()) before the
+ * next is hashed, so its caller sends the next read while the reaper
+ * verifies the rest of the batch. The data just landed, and is hashed
+ * before it leaves the cache (14-24 GB/s on one core here, against 10.5
+ * from memory), with no wake-up of another thread in series with the read.
+ * (kvtier-bench's disk section on a two-CPU virtual machine, five runs
+ * each, alternating: fetches of 0.875 MiB records at 0.94-0.99 of raw
+ * io_uring this way, 0.85-0.99 with the reads verified on two checksum
+ * threads; of 2 MiB records 0.90-0.95 against 0.73-0.96; 0.051-0.070 CPU
+ * seconds per GB against 0.063-0.092. A standalone reader showed why: a
+ * reaper that handed landed reads to two checksum threads read at
+ * 0.84-0.87 of one thread alone, and one that hashed each read itself and
+ * handed it back at once was the fastest; hashing a whole batch before
+ * handing any back was the slowest.) One core's XXH3 of just-landed data
+ * is well above what one disk delivers. A read whose caller waits for it
+ * on a thread of its own (verify_later: storage mode's workers) is finished
+ * unchecked, and that thread checks it (kvt__disk_verify) before it trusts
+ * a byte. An op is in exactly one place at a time (caller, disk queue,
+ * backend, reaper, checksum queue, sync queue), and there are queue_depth
+ * of them (and two per checksum thread more for records sealed on those
+ * threads, see KVT_DISK_HASH_HEADROOM_PER_THREAD).
  *
- * At most queue_depth I/Os are at the disk; the ops over that hold reads
- * that landed and wait for their checksums, writes being sealed, and I/Os
- * waiting in the disk queue for room. When a whole queue completes at once
- * (a virtual disk does), the reaper sends the waiting I/Os before it hands
- * landed reads to the checksum threads, so the disk refills at once, not
- * as each checksum frees an op and its caller gets a CPU. (2 MiB reads
- * into engine memory on two CPUs: unbounded, all 64 ops went to the disk,
- * came back together every 44 ms, and the disk stood idle for the 6 ms the
- * checksum threads took to free them.) */
+ * At most queue_depth I/Os are at the disk; the ops over that hold writes
+ * being sealed, reads that landed and wait for the reaper's checksum, and
+ * I/Os waiting in the disk queue for room. When a whole queue completes at
+ * once (a virtual disk does), the reaper sends the waiting I/Os before it
+ * verifies landed reads, so the disk refills at once, not as each checksum
+ * frees an op and its caller gets a CPU. (2 MiB reads into engine memory
+ * on two CPUs: unbounded, all 64 ops went to the disk, came back together
+ * every 44 ms, and the disk stood idle for the 6 ms the checksums took to
+ * free them.) */
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
@@ -523,10 +537,7 @@ static void *hasher_main(void *arg) {
   kvt__disk *d = arg;
   tl_completing = d;
   disk_op *op;
-  while ((op = hq_pop(d)) != NULL) {
-    if (op->kind == OP_WRITE) seal_and_submit(d, op);
-    else verify_and_finish(d, op);
-  }
+  while ((op = hq_pop(d)) != NULL) seal_and_submit(d, op); /* only writes are queued */
   return NULL;
 }
 
@@ -581,10 +592,13 @@ static void *syncer_main(void *arg) {
   return NULL;
 }
 
-/* One reaped batch: landed reads go to the checksum threads, completed
- * writes of a durable store to the sync thread; the rest gets its status
- * here, the ops go back in one critical section, then done() runs with no
- * lock held and the slots already reusable. */
+/* One reaped batch: completed writes of a durable store go to the sync
+ * thread; the rest gets its status here, the ops go back in one critical
+ * section, then done() runs with no lock held and the slots already
+ * reusable. Landed reads of large records come last, after the disk was
+ * refilled: each is verified and finished (op back, done()) before the
+ * next is hashed, so its caller can send the next read while the reaper
+ * hashes the rest. */
 static void complete_batch(kvt__disk *d, const kvt_io_cqe *cqes, int n) {
   uint32_t k = 0, nv = 0, ns = 0, left = 0;
   for (int i = 0; i < n; i++) {
@@ -609,10 +623,10 @@ static void complete_batch(kvt__disk *d, const kvt_io_cqe *cqes, int n) {
     disk_left(d, d->left, left);
     disk_flow(d);
   }
-  hq_push(d, d->hbatch, nv);
   sq_push(d, d->sq_reap, ns);
   op_put_many(d, d->fin_ops, k);
   for (uint32_t j = 0; j < k; j++) d->fin[j].done(d->fin[j].arg, d->fin[j].status);
+  for (uint32_t j = 0; j < nv; j++) verify_and_finish(d, d->hbatch[j]);
 }
 
 static int reaper_wait(kvt__disk *d) {
@@ -644,9 +658,10 @@ static void *reaper_main(void *arg) {
 }
 
 /* At least two: on a small machine shared with other work, each runnable
- * thread gets its share of the CPUs, and one checksum thread's share was
- * what capped fetches (2 MiB records, two CPUs under load: 2.41 GB/s with
- * one, 2.67-2.90 with two, raw io_uring 2.84, in interleaved rounds). */
+ * thread gets its share of the CPUs. (When reads were verified on these
+ * threads as well, one thread's share capped fetches: 2 MiB records, two
+ * CPUs under load: 2.41 GB/s with one, 2.67-2.90 with two, raw io_uring
+ * 2.84, in interleaved rounds.) */
 static uint32_t auto_hashers(void) {
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   long n = cpus / 2;

@@ -34,13 +34,16 @@
  * and kvt__record_bytes() long. Writes are not torn-proof on their own, but
  * a torn record fails its checksum, so it is discarded, never returned.
  *
- * Checksums of records of 256 KiB and more run on the store's checksum
- * threads, never on the caller nor the reaper: a write is sealed there and
- * then handed to the backend, a read that landed whole is verified there.
- * Smaller records are hashed in place (caller, reaper), which costs less
- * than the handoff. Completions are delivered through done(arg, status) on
- * the store's own threads (reaper or checksum threads), so done() may run
- * on several threads at once, with no store lock held; status is 0, -errno (EIO,
+ * Writes of records of 256 KiB and more are sealed on the store's checksum
+ * threads, then handed to the backend; smaller ones in the call, which
+ * costs less than the handoff. Reads are verified on the reaper as they
+ * land, each finished before the next is hashed. Completions are delivered
+ * through done(arg, status) on the store's own threads (the reaper; the
+ * sync thread for durable writes; a checksum thread for a write it could
+ * not submit), so done() may run on
+ * several threads at once, with no store lock held; a read's done() runs
+ * on the reaper, and every completion waits while it runs: keep it short
+ * (hand the work on, as the engine does). status is 0, -errno (EIO,
  * ENOSPC...; a short transfer is -EIO, not retried), KVT_ECORRUPT
  * (checksum) or KVT_EMISMATCH (the slot holds another key or namespace, or
  * is empty). EAGAIN/EINTR completions are resubmitted (up to 8 times).
@@ -51,10 +54,11 @@
  * most one operation per slot may be in flight: a second one returns
  * KVT_EBUSY (the tier map's storing/loading states make this the engine's
  * normal behaviour anyway). Submission blocks while queue_depth operations
- * are in flight; for records hashed on the checksum threads, two more per
- * checksum thread, at most queue_depth more (a record being verified or
- * sealed, or waiting for a checksum thread, holds its operation but no
- * place at the disk, which keeps queue_depth I/Os). */
+ * are in flight; for records sealed on the checksum threads, two more per
+ * checksum thread, at most queue_depth more (a write being sealed or
+ * waiting for a checksum thread, a read being verified, or an I/O waiting
+ * for room at the disk holds its operation but no place at the disk, which
+ * keeps queue_depth I/Os). */
 #ifndef KVT_STORE_DISK_STORE_H
 #define KVT_STORE_DISK_STORE_H
 
@@ -152,8 +156,7 @@ typedef struct kvt__disk_io {
   /* Reads: 1 = done() reports the I/O alone (0: the record landed whole,
    * NOT yet checked) and the caller checks it with kvt__disk_verify before
    * it trusts a byte; for a caller that waits for each read on a thread of
-   * its own anyway, so the checksum runs there, with no checksum thread's
-   * wake-up in series with the read. */
+   * its own anyway, so the checksum runs there, off the reaper. */
   int verify_later;
   /* Reads of a record in pieces: 1 = iov may cover the prefix and only the
    * first part of the payload (whole 4 KiB pages on an O_DIRECT file), and
@@ -229,10 +232,10 @@ typedef struct kvt__disk_info {
   int fixed_vec;            /* ... and fixed buffers registered later (kvt__disk_buf_register) */
   const char *fallback;     /* why io_uring is not used under KVT_DISK_AUTO ("" if it is) */
   uint64_t slots, slot_bytes, data_offset;
-  uint32_t checksum_threads; /* threads sealing writes and verifying reads */
+  uint32_t checksum_threads; /* threads sealing writes (reads: the reaper) */
   uint32_t queue_depth;      /* as configured (or the default) */
   uint32_t ops;              /* operations in flight at most: queue_depth, plus two per
-                                checksum thread when records are hashed on them (at
+                                checksum thread when records are sealed on them (at
                                 most queue_depth), plus queue_depth in durable mode
                                 (writes waiting for a sync) */
   uint32_t scan_width;       /* reads a recovery pass keeps in flight at most (the
