@@ -37,13 +37,17 @@
  * Writes of records of 256 KiB and more are sealed on the store's checksum
  * threads, then handed to the backend; smaller ones in the call, which
  * costs less than the handoff. Reads are verified on the reaper as they
- * land, each finished before the next is hashed. Completions are delivered
- * through done(arg, status) on the store's own threads (the reaper; the
- * sync thread for durable writes; a checksum thread for a write it could
- * not submit), so done() may run on
- * several threads at once, with no store lock held; a read's done() runs
- * on the reaper, and every completion waits while it runs: keep it short
- * (hand the work on, as the engine does). status is 0, -errno (EIO,
+ * land: records of 256 KiB and more after the reaper sent the I/Os waiting
+ * for room at the disk, each finished before the next is hashed; smaller
+ * ones before that, finished together. Completions are delivered through
+ * done(arg, status) on the store's own threads (the reaper; the sync
+ * thread for durable writes), except an I/O that waited in the store for
+ * room and is refused by the backend when sent: its done() runs on the
+ * thread that sent it (the reaper, a checksum thread, or a caller in a
+ * store call). So done() may run on several threads at once, with no store
+ * lock held; most reads' done() run on the reaper, and every completion
+ * waits while one runs: keep it short (hand the work on, as the engine
+ * does). status is 0, -errno (EIO,
  * ENOSPC...; a short transfer is -EIO, not retried), KVT_ECORRUPT
  * (checksum) or KVT_EMISMATCH (the slot holds another key or namespace, or
  * is empty). EAGAIN/EINTR completions are resubmitted (up to 8 times).
@@ -100,9 +104,10 @@ typedef struct kvt__disk_cfg {
                                 loss; a failed fdatasync fails the whole group */
   char *detail;              /* optional: why an open failed, in words */
   size_t detail_len;
-  uint32_t checksum_threads; /* threads that seal writes and verify reads of
-                                records of 256 KiB and more (else none), at
-                                most 8; 0: one per two online CPUs, 2 to 4 */
+  uint32_t checksum_threads; /* threads that seal writes of records of
+                                256 KiB and more (else none; reads are
+                                verified on the reaper), at most 8; 0: one
+                                per two online CPUs, 2 to 4 */
 } kvt__disk_cfg;
 
 /* Opens (creating or extending) the file, checks its superblock, starts the
