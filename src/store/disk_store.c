@@ -12,18 +12,18 @@
  * after the disk was refilled, and finished (op back, done()) before the
  * next is hashed, so its caller sends the next read while the reaper
  * verifies the rest of the batch. The data just landed, and is hashed
- * before it leaves the cache (14-24 GB/s on one core here, against 10.5
+ * before it leaves the cache (16-23 GB/s on the reaper here, against 10.5-13
  * from memory), with no wake-up of another thread in series with the read.
  * (kvtier-bench's disk section on a two-CPU virtual machine, five runs
  * each, alternating: fetches of 0.875 MiB records at 0.94-0.99 of raw
  * io_uring this way, 0.85-0.99 with the reads verified on two checksum
  * threads; of 2 MiB records 0.90-0.95 against 0.73-0.96; 0.051-0.070 CPU
- * seconds per GB against 0.063-0.092. A standalone reader showed why: a
- * reaper that handed landed reads to two checksum threads read at
- * 0.84-0.87 of one thread alone, and one that hashed each read itself and
- * handed it back at once was the fastest; hashing a whole batch before
- * handing any back was the slowest.) One core's XXH3 of just-landed data
- * is well above what one disk delivers. A read whose caller waits for it
+ * seconds per GB against 0.063-0.092. In a standalone reader built the
+ * same way, a reaper that handed landed reads to two checksum threads read
+ * at 0.70-0.76 of one that hashed each read itself and handed it back at
+ * once, and one that hashed a whole batch before handing any back at
+ * 0.64-0.73.) One core's XXH3 of just-landed data is well above what one
+ * disk delivers. A read whose caller waits for it
  * on a thread of its own (verify_later: storage mode's workers) is finished
  * unchecked, and that thread checks it (kvt__disk_verify) before it trusts
  * a byte. An op is in exactly one place at a time (caller, disk queue,
