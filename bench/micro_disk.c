@@ -600,8 +600,8 @@ static void emit(kvt_bench_rows *rows, const run *r, const char *what, const cha
 }
 
 /* As deep as the store: its default depth, and room for the ops it may
- * hold (at most its depth again for records hashed on its checksum
- * threads: two per thread); the store is offered only its ops' worth. */
+ * hold (at most its depth again for large records: two per checksum
+ * thread); the store is offered only its ops' worth. */
 static void size_pool(run *r) {
   r->store_qd = kvt__disk_auto_depth(r->rec, 0);
   r->deep = r->store_qd > 64 ? r->store_qd : 64;
