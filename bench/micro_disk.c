@@ -17,7 +17,7 @@
  * (target 1.0). Each way cycles as many buffers as it keeps in flight
  * (u8 eight, fpb16 one per thread), and so does the store: it is offered
  * the buffers it can hold (its ops: its default queue depth, enough I/Os
- * for 16 MiB of records, plus its headroom for records being hashed) and
+ * for 12-16 MiB of records, plus its headroom for records being hashed) and
  * kept as full as it lets itself be, as a restore keeps it (try batches,
  * resumed on done()): the store row is a caller that reuses its buffers as
  * the store hands them back, as a staging ring does. How much memory the
@@ -600,7 +600,7 @@ static void emit(kvt_bench_rows *rows, const run *r, const char *what, const cha
 }
 
 /* As deep as the store: its default depth, and room for the ops it may
- * hold (at most its depth again for large records: two per checksum
+ * hold (at most its depth again for large records: one per checksum
  * thread); the store is offered only its ops' worth. */
 static void size_pool(run *r) {
   r->store_qd = kvt__disk_auto_depth(r->rec, 0);

@@ -1110,8 +1110,8 @@ static void reading_done(void *arg, int status) {
 
 static void test_a_read_done_may_start_reads(void **state) {
   fx *f = *state;
-  enum { N = 10 };
-  reopen_big(f, 1, 0);
+  enum { N = 8 + 2 }; /* depth 8, one op of headroom for each of 2 checksum threads */
+  reopen_big(f, 2, 0);
   kvt__disk_info in;
   kvt__disk_get_info(f->d, &in);
   assert_int_equal(in.ops, N);
@@ -1178,18 +1178,22 @@ static void test_try_batch_never_waits(void **state) {
   free(w);
 }
 
-/* Queue depth 0 takes enough I/Os for 16 MiB of records at the disk (8 to
- * 256 of them): small records keep the disk as busy as large ones, and
+/* Queue depth 0 takes enough I/Os for 16 MiB of small records at the disk,
+ * and for about 12 MiB of records of 256 KiB and more (the nearest count),
+ * 4 to 256 of them: small records keep the disk as busy as large ones, and
  * large ones pin no more buffers than that takes. A durable store keeps at
  * least 32, for its group syncs. The store then reads and writes at that
  * depth like at any other. */
 static void test_default_queue_depth_follows_record_size(void **state) {
   fx *f = *state;
-  assert_int_equal(kvt__disk_auto_depth(8u << 20, 0), 8); /* 64 MiB: never under 8 */
-  assert_int_equal(kvt__disk_auto_depth((2u << 20) + 4096, 0), 8);
-  assert_int_equal(kvt__disk_auto_depth(1u << 20, 0), 16);
-  assert_int_equal(kvt__disk_auto_depth((896u + 4) << 10, 0), 18);
-  assert_int_equal(kvt__disk_auto_depth(260u << 10, 0), 63);
+  assert_int_equal(kvt__disk_auto_depth(8u << 20, 0), 4); /* 32 MiB: never under 4 */
+  assert_int_equal(kvt__disk_auto_depth(4u << 20, 0), 4);
+  assert_int_equal(kvt__disk_auto_depth((2u << 20) + 4096, 0), 6);
+  assert_int_equal(kvt__disk_auto_depth(1u << 20, 0), 12);
+  assert_int_equal(kvt__disk_auto_depth((896u + 4) << 10, 0), 14); /* 13.65: the nearest */
+  assert_int_equal(kvt__disk_auto_depth(260u << 10, 0), 47);
+  assert_int_equal(kvt__disk_auto_depth(256u << 10, 0), 48);
+  assert_int_equal(kvt__disk_auto_depth(255u << 10, 0), 64); /* small: 16 MiB */
   assert_int_equal(kvt__disk_auto_depth(64u << 10, 0), 256);
   assert_int_equal(kvt__disk_auto_depth(16u << 10, 0), 256); /* never over 256 */
   assert_int_equal(kvt__disk_auto_depth(4096, 0), 256);
@@ -1216,19 +1220,20 @@ static void test_default_queue_depth_follows_record_size(void **state) {
   assert_int_equal(kvt__disk_open(&dc, &dd), 0);
   kvt__disk_get_info(dd, &in);
   assert_int_equal(in.queue_depth, 32);
-  assert_int_equal(in.ops, 32 + 2 * in.checksum_threads + 32); /* disk, checksums, syncs */
+  assert_int_equal(in.ops, 32 + in.checksum_threads + 32); /* disk, checksums, syncs */
   kvt__disk_close(dd);
-  dc.queue_depth = 4;
+  dc.queue_depth = 4, dc.checksum_threads = 8;
   assert_int_equal(kvt__disk_open(&dc, &dd), 0);
   kvt__disk_get_info(dd, &in);
   assert_int_equal(in.queue_depth, 4);
+  assert_int_equal(in.checksum_threads, 8);
   assert_int_equal(in.ops, 4 + 4 + 4); /* headroom capped at the depth */
   kvt__disk_close(dd);
-  dc.queue_depth = 0, dc.durable = 0;
+  dc.queue_depth = 0, dc.durable = 0, dc.checksum_threads = 0;
   assert_int_equal(kvt__disk_open(&dc, &dd), 0);
   kvt__disk_get_info(dd, &in);
-  assert_int_equal(in.queue_depth, 8);
-  assert_int_equal(in.ops, 8 + 2 * in.checksum_threads); /* 2 to 4 threads by default */
+  assert_int_equal(in.queue_depth, 6);
+  assert_int_equal(in.ops, 6 + in.checksum_threads); /* 2 to 4 threads by default */
   assert_int_equal(in.scan_width, 64); /* a reopen's scan stays 64 reads deep */
   kvt__disk_close(dd);
   unlink(path);
@@ -1259,15 +1264,15 @@ static void test_default_queue_depth_follows_record_size(void **state) {
   free(w);
 }
 
-/* Big records get two more ops per checksum thread (a write holds its op
+/* Big records get one more op per checksum thread (a write holds its op
  * while a checksum thread seals it, a read that landed while the reaper
  * verifies it, and I/Os wait in the disk queue for room): with the reaper held
- * (every op stays taken), a never-waiting batch queues 8 + 2 x 2, and each
+ * (every op stays taken), a never-waiting batch queues 8 + 2, and each
  * of those reads is verified on its own (one asks for another key and
  * fails alone). */
 static void test_hashed_records_get_headroom(void **state) {
   fx *f = *state;
-  enum { N = SLOTS, DEPTH = 8, OPS = DEPTH + 2 * 2, WRONG = 5 };
+  enum { DEPTH = 8, OPS = DEPTH + 2, N = 2 * OPS, WRONG = 5 };
   reopen_big(f, 2, 0);
   kvt__disk_info in;
   kvt__disk_get_info(f->d, &in);
@@ -1308,12 +1313,12 @@ static void test_hashed_records_get_headroom(void **state) {
   free(w);
 }
 
-/* The headroom follows the checksum threads (two ops each), never more
- * than the queue depth again: a thread's record in hand and one waiting
- * for it; more would only hold more of the caller's buffers. */
+/* The headroom follows the checksum threads (one op each), never more
+ * than the queue depth again: more would only hold more of the caller's
+ * buffers. */
 static void test_headroom_follows_checksum_threads(void **state) {
   fx *f = *state;
-  static const uint32_t threads[] = {1, 3, 4, 8}, ops[] = {8 + 2, 8 + 6, 8 + 8, 8 + 8};
+  static const uint32_t threads[] = {1, 3, 4, 8}, ops[] = {8 + 1, 8 + 3, 8 + 4, 8 + 8};
   kvt__disk_info in;
   for (unsigned i = 0; i < sizeof threads / sizeof threads[0]; i++) {
     reopen_big(f, threads[i], i > 0);
@@ -1322,7 +1327,8 @@ static void test_headroom_follows_checksum_threads(void **state) {
     assert_int_equal(in.ops, ops[i]);
   }
   /* Asked for more checksum threads than the store runs: as many as it
-   * runs (8), the headroom capped as before. */
+   * runs (8), one op each (a depth under 8 caps it: see
+   * test_default_queue_depth_follows_record_size). */
   kvt__disk_close(f->d);
   in = open_asking_threads(f, 100);
   assert_int_equal(in.checksum_threads, 8);
@@ -1354,7 +1360,7 @@ static void test_headroom_follows_checksum_threads(void **state) {
  * fails that block alone; the others are verified and returned. */
 static void test_eio_on_one_read_of_a_full_hashed_queue(void **state) {
   fx *f = *state;
-  enum { OPS = 12 }; /* queue_depth 8 + 2 x 2 checksum threads */
+  enum { OPS = 10 }; /* queue_depth 8 + one op for each of 2 checksum threads */
   reopen_big(f, 2, 0);
   kvt__disk_info in;
   kvt__disk_get_info(f->d, &in);
@@ -1427,12 +1433,13 @@ static void first_held_done(void *arg, int status) {
 /* At most queue_depth I/Os are at the disk, writes and reads; the ops over
  * it wait in the store and go as I/Os come back, sent by the reaper before
  * it verifies what landed: when the first read's done() runs (and holds the
- * reaper there), at least one of the 2 reads of headroom has been sent
- * after the 8; all 10 verify byte-exact once it is let go. */
+ * reaper there), at least one of the 2 reads of headroom (2 checksum
+ * threads) has been sent after the 8; all 10 verify byte-exact once it is
+ * let go. */
 static void test_disk_gets_queue_depth_and_refills_before_checksums(void **state) {
   fx *f = *state;
   enum { DEPTH = 8, N = DEPTH + 2 };
-  reopen_big(f, 1, 0);
+  reopen_big(f, 2, 0);
   kvt__disk_info in;
   kvt__disk_get_info(f->d, &in);
   assert_int_equal(in.ops, N);
@@ -1507,7 +1514,7 @@ static int hold_refuse_hook(void *ctx, int site, int64_t arg) {
  * accepted), and leaves its slot free; the other reads land byte-exact. */
 static void test_refused_queued_read_fails_alone_through_done(void **state) {
   fx *f = *state;
-  enum { N = 12, DEPTH = 8 };
+  enum { N = 10, DEPTH = 8 }; /* every op: 8 at the disk, 1 for each of 2 checksum threads */
   reopen_big(f, 2, 0);
   for (uint32_t i = 0; i < N; i++) assert_int_equal(write_sync(f, i, 800 + i), 0);
   hold_refuse r = {{PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0}, 0};
@@ -1522,7 +1529,7 @@ static void test_refused_queued_read_fails_alone_through_done(void **state) {
   }
   w->pending = N;
   kvt__fault_set(hold_refuse_hook, &r);
-  int q = kvt__disk_try_read_batch(f->d, io, N, on_done); /* 8 at the disk, 4 waiting */
+  int q = kvt__disk_try_read_batch(f->d, io, N, on_done); /* 8 at the disk, 2 waiting */
   if (q > 0) {
     pthread_mutex_lock(&r.h.m);
     while (!r.h.held) pthread_cond_wait(&r.h.c, &r.h.m); /* the reaper holds the first completion */

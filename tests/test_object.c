@@ -341,7 +341,7 @@ static void a_get_keeps_a_window_of_reads_in_flight(void **s) {
   get_exact(c, tokens, NTOK, len, 72, KVT_TIER_DISK);
   kvt__fault_set(NULL, NULL);
   assert_int_equal(atomic_load(&io_now), 0);
-  /* The store would take them all (its default depth: 16 MiB of records). */
+  /* The store would take them all (its default depth: 12-16 MiB of records). */
   assert_in_range(atomic_load(&io_most), 2, WORKERS * window);
   kvt_close(c);
 }

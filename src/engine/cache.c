@@ -33,7 +33,7 @@ void kvt_config_init(kvt_config *cfg) {
   cfg->tp_size = 1;
   cfg->device = KVT_DEVICE_AUTO;
   cfg->copy_threads = 0; /* one per available core */
-  cfg->disk_queue_depth = 0; /* enough I/Os for 16 MiB of records */
+  cfg->disk_queue_depth = 0; /* kvt__disk_auto_depth: 12-16 MiB of records */
   cfg->max_requests = 1024;
   cfg->max_jobs = 256;
   cfg->max_job_blocks = 8192;

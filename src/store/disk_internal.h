@@ -21,36 +21,29 @@
 #define KVT_DISK_HANDOFF_BYTES (256u << 10)
 /* Reads a recovery pass keeps in flight at least (headers of 4 KiB, or
  * whole small records): the backend is opened that deep even when the
- * store's own ops are fewer (large records: 12 ops at 2 MiB with two
+ * store's own ops are fewer (large records: 8 ops at 2 MiB with two
  * checksum threads), since a reopen's scan is bound by latency, not
  * bandwidth. */
 #define KVT_DISK_SCAN_MIN_WIDTH 64u
 /* Such a record keeps its op out of the ring while it is hashed (a write
  * on a checksum thread, a read that landed on the reaper): the store holds
  * KVT_DISK_HASH_HEADROOM_PER_THREAD more ops for each checksum thread (at
- * most queue_depth more), one record that thread seals and one waiting for
- * it, so the disk keeps its queue while writes are sealed and landed reads
- * verified, and reads wait in the disk queue for the reaper to send them
- * as others land. More headroom than the threads can
- * work on only holds more of the caller's buffers: a caller that reuses
- * them as the store hands them back (a staging ring) then spreads its I/O
- * over more memory, which a virtual disk that copies into guest memory
- * pays for (raw depth 8 cycling 64 buffers against 8: 0.62-0.84 of the
- * speed). With a whole queue depth as headroom (2 checksum threads: 16 ops
- * at 2 MiB records, 36 at 0.875 MiB) against 2 per thread (12 and 22), in
- * interleaved rounds, 15-24 rounds each, kvtier-bench's disk section on a
- * two-CPU virtual machine: fetches of 2 MiB records 1.05-1.06x as fast
- * (19-21 of 24 rounds won), of 0.875 MiB 1.08x (21 of 21), spills 1.02x
- * and 1.05x; the same store against itself in the same places: 0.98-1.03x.
- * (A whole queue depth was chosen when the store had no disk queue of its
- * own: every op went to the disk, and an I/O could start only when a
- * checksum freed an op; there, at depth 32 and 0.875 MiB records, half a
- * queue depth of headroom had left 30-42 of 48 ops at the disk and
- * fetches 25% under. Now the reaper sends waiting I/Os before it
- * verifies landed reads, see disk_store.c. These figures were measured
- * with reads verified on the checksum threads; the headroom stayed when
- * they moved to the reaper.) */
-#define KVT_DISK_HASH_HEADROOM_PER_THREAD 2u
+ * most queue_depth more), so the disk keeps its queue while writes are
+ * sealed, and reads wait in the disk queue for the reaper to send them as
+ * others land, before it verifies those. More headroom only holds more of
+ * the caller's buffers: a caller that reuses them as the store hands them
+ * back (a staging ring) then spreads its I/O over more memory, which a
+ * virtual disk that copies into guest memory pays for (raw depth 8
+ * cycling 64 buffers against 8: 0.62-0.84 of the speed). One op per
+ * thread against two, at depth 8 and 2 MiB records (10 ops against 12),
+ * kvtier-bench's disk section on a two-CPU virtual machine, against raw
+ * depth 8 in the same rounds: fetches 0.99-1.03 against 0.92-0.98, spills
+ * 0.97-0.99 against 0.95-0.97 (see AUTO_INFLIGHT_LARGE_BYTES in
+ * disk_store.c). Two per thread had been measured when reads were
+ * verified on the checksum threads (a record in hand and one waiting for
+ * each), and a whole queue depth before the store had a disk queue of its
+ * own, when an I/O could start only once a checksum freed an op. */
+#define KVT_DISK_HASH_HEADROOM_PER_THREAD 1u
 /* Durable mode: writes that landed keep their ops until the fdatasync of
  * their group returns, out of the ring as well, so the store holds another
  * queue_depth ops and the disk keeps queue_depth I/Os while a group syncs. */

@@ -28,8 +28,8 @@
  * unchecked, and that thread checks it (kvt__disk_verify) before it trusts
  * a byte. An op is in exactly one place at a time (caller, disk queue,
  * backend, reaper, checksum queue, sync queue), and there are queue_depth
- * of them (and two per checksum thread more for records sealed on those
- * threads, see KVT_DISK_HASH_HEADROOM_PER_THREAD).
+ * of them (and one per checksum thread more for large records, see
+ * KVT_DISK_HASH_HEADROOM_PER_THREAD).
  *
  * At most queue_depth I/Os are at the disk; the ops over that hold writes
  * being sealed, reads that landed and wait for the reaper's checksum, and
@@ -52,29 +52,41 @@
 #include "store/disk_internal.h"
 #include "util/fault.h"
 
-/* The default queue depth: I/Os enough for AUTO_INFLIGHT_BYTES of records
- * at the disk, between AUTO_MIN_DEPTH and AUTO_MAX_DEPTH. A device reaches
- * its bandwidth only with megabytes in flight, and 32 I/Os of small
- * records are 2 MiB: 64 KiB records spilled at 0.69-0.74 of what raw
- * io_uring wrote at depth 64 on the same disk, and at 0.96-1.06 with 256
- * I/Os. Large records get 16 MiB in flight (8 I/Os of 2 MiB; at least 8 of
- * larger ones): more adds no bandwidth, and each I/O in flight pins a buffer of its
- * caller's, so a deeper queue only spreads the reads over more memory,
+/* The default queue depth: I/Os enough for AUTO_INFLIGHT_BYTES of small
+ * records at the disk, and for about AUTO_INFLIGHT_LARGE_BYTES of records
+ * of KVT_DISK_HANDOFF_BYTES and more (the nearest whole count), between
+ * AUTO_MIN_DEPTH and AUTO_MAX_DEPTH. A device reaches its bandwidth only
+ * with megabytes in flight, and 32 I/Os of small records are 2 MiB: 64 KiB
+ * records spilled at 0.69-0.74 of what raw io_uring wrote at depth 64 on
+ * the same disk, and at 0.96-1.06 with 256 I/Os. A large record is a long
+ * transfer of its own, so fewer of them keep a disk busy (how few a real
+ * NVMe drive needs is not measured here: this machine has none), and each
+ * I/O in flight pins a buffer of its caller's, so a deeper queue only
+ * spreads the reads over more memory,
  * which costs on a virtual disk that copies into guest memory (raw O_DIRECT
  * reads of 2 MiB, 8 in flight, on this class of machine: 2.8-3.3 GB/s
- * cycling 8 or 16 buffers, 2.2-2.5 cycling 32 or 64; 32 in flight into the
- * same 8 buffers: 2.8-3.0). A caller that reuses its buffers as the store
- * hands them back (a staging ring) gets the faster figure at depth 8: the
- * store's fetches, offered its ops' worth of buffers, ran at 0.74-0.86 of
- * raw depth 8 at depth 32 (64 buffers), at 0.91-1.00 at depth 8 (16) (in
- * a bench whose store went without registered buffers; with them, depth 8
- * against 12: fetches 0.98-1.03 of raw depth 8 in the same rounds against
- * 0.97-1.03, spills 0.95-1.00 against 0.93-0.96, three runs each).
- * Reads into fresh memory (a restore into host slots) span the whole
- * restore either way: the depth changes nothing there (the 10,000-token
- * restore_disk row: 0.91-0.94 of raw before and after). */
+ * cycling 8 or 16 buffers, 2.2-2.5 cycling 32 or 64). kvtier-bench's disk
+ * section on a two-CPU virtual machine, fetches by a caller that reuses
+ * its buffers as the store hands them back (a staging ring) against raw
+ * depth 8 in the same rounds, median of 7 rounds a run, runs alternating
+ * (leaving out those in which every setting fell to 0.6-0.8 of raw, the
+ * disk's slow spells): 2 MiB records at depth 6 with 8 ops 1.04-1.11 (6
+ * runs), at depth 8 with 10 ops 0.99-1.03 (9), with 12 ops 0.92-0.98 and
+ * one 0.66 (12); 0.875 MiB records at depth 12 with 14 ops 0.95-0.98 (6),
+ * 14 with 16 ops 0.95-0.96 (2), 18 with 22 ops 0.86-0.97 (22); spills
+ * 0.95-1.02 at each. Whole disk sections, three pairs of alternating
+ * runs, this rule (12 MiB, one op of headroom per checksum thread) against
+ * 16 MiB and two: fetch+verify of 2 MiB records 0.95-1.03 against
+ * 0.65-0.93, of 0.875 MiB 0.89-0.99 against 0.64-0.93. Reads into fresh
+ * memory (a restore into host slots, storage mode's reads into the
+ * engine's region) span it either way, and the depth moved them within
+ * the noise: the 10,000-token restore_disk row 0.95-1.01 at depth 4 and 6
+ * against 0.96-0.99 at 8; storage mode's get-into 0.87 at depth 6 against
+ * 0.83-0.88 at 8, its put-from 0.86-0.92 against 0.90-0.94. An array of
+ * several drives wants more in flight: disk_queue_depth sets it. */
 #define AUTO_INFLIGHT_BYTES (16u << 20)
-#define AUTO_MIN_DEPTH 8u
+#define AUTO_INFLIGHT_LARGE_BYTES (12u << 20)
+#define AUTO_MIN_DEPTH 4u
 #define AUTO_DURABLE_MIN_DEPTH 32u /* see kvt__disk_auto_depth */
 #define AUTO_MAX_DEPTH 256u
 #define BATCH 64u                 /* requests prepared and submitted together */
@@ -641,7 +653,9 @@ static int reaper_wait(kvt__disk *d) {
  * the more writes each sync covers (at depth 8, 2 MiB records: 9.7 per
  * sync and 0.91 of a normal spill; at 32: 24 and 1.00). */
 uint32_t kvt__disk_auto_depth(uint64_t slot_bytes, int durable) {
-  uint64_t n = slot_bytes ? AUTO_INFLIGHT_BYTES / slot_bytes : AUTO_MAX_DEPTH;
+  uint64_t n = !slot_bytes                               ? AUTO_MAX_DEPTH
+               : slot_bytes < KVT_DISK_HANDOFF_BYTES ? AUTO_INFLIGHT_BYTES / slot_bytes
+                                                     : (AUTO_INFLIGHT_LARGE_BYTES + slot_bytes / 2) / slot_bytes;
   uint32_t least = durable ? AUTO_DURABLE_MIN_DEPTH : AUTO_MIN_DEPTH;
   return n < least ? least : n > AUTO_MAX_DEPTH ? AUTO_MAX_DEPTH : (uint32_t)n;
 }
