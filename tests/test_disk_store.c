@@ -1085,7 +1085,7 @@ static void test_big_reads_finish_one_at_a_time_on_the_reaper(void **state) {
 }
 
 /* The first read to finish starts two blocking reads from its done(), on
- * the reaper, with every op taken (1 checksum thread: 8 + 2 ops, 10 reads
+ * the reaper, with every op taken (2 checksum threads: 8 + 2 ops, 10 reads
  * queued): the first takes the op that read just gave back, the second
  * gets KVT_EAGAIN instead of waiting for an op only the reaper can free. */
 static fx *g_df;
@@ -1217,25 +1217,27 @@ static void test_default_queue_depth_follows_record_size(void **state) {
   kvt__disk *dd;
   dc.path = path, dc.payload_bytes = 2u << 20, dc.slots = 2, dc.reset = 1, dc.durable = 1;
   dc.bufs = NULL, dc.buf_lens = NULL, dc.n_bufs = 0;
+  /* Each store is closed before its asserts: a failed one leaves no
+   * threads behind for the tests after it. */
   assert_int_equal(kvt__disk_open(&dc, &dd), 0);
   kvt__disk_get_info(dd, &in);
+  kvt__disk_close(dd);
   assert_int_equal(in.queue_depth, 32);
   assert_int_equal(in.ops, 32 + in.checksum_threads + 32); /* disk, checksums, syncs */
-  kvt__disk_close(dd);
   dc.queue_depth = 4, dc.checksum_threads = 8;
   assert_int_equal(kvt__disk_open(&dc, &dd), 0);
   kvt__disk_get_info(dd, &in);
+  kvt__disk_close(dd);
   assert_int_equal(in.queue_depth, 4);
   assert_int_equal(in.checksum_threads, 8);
   assert_int_equal(in.ops, 4 + 4 + 4); /* headroom capped at the depth */
-  kvt__disk_close(dd);
   dc.queue_depth = 0, dc.durable = 0, dc.checksum_threads = 0;
   assert_int_equal(kvt__disk_open(&dc, &dd), 0);
   kvt__disk_get_info(dd, &in);
+  kvt__disk_close(dd);
   assert_int_equal(in.queue_depth, 6);
   assert_int_equal(in.ops, 6 + in.checksum_threads); /* 2 to 4 threads by default */
   assert_int_equal(in.scan_width, 64); /* a reopen's scan stays 64 reads deep */
-  kvt__disk_close(dd);
   unlink(path);
   for (uint32_t i = 0; i < SLOTS; i++) assert_int_equal(write_sync(f, i, 700 + i), 0);
   waiter *w = waiter_new();

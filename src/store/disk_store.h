@@ -58,7 +58,7 @@
  * most one operation per slot may be in flight: a second one returns
  * KVT_EBUSY (the tier map's storing/loading states make this the engine's
  * normal behaviour anyway). Submission blocks while queue_depth operations
- * are in flight; for records sealed on the checksum threads, two more per
+ * are in flight; for records sealed on the checksum threads, one more per
  * checksum thread, at most queue_depth more (a write being sealed or
  * waiting for a checksum thread, a read being verified, or an I/O waiting
  * for room at the disk holds its operation but no place at the disk, which
@@ -240,7 +240,7 @@ typedef struct kvt__disk_info {
   uint64_t slots, slot_bytes, data_offset;
   uint32_t checksum_threads; /* threads sealing writes (reads: the reaper) */
   uint32_t queue_depth;      /* as configured (or the default) */
-  uint32_t ops;              /* operations in flight at most: queue_depth, plus two per
+  uint32_t ops;              /* operations in flight at most: queue_depth, plus one per
                                 checksum thread when records are sealed on them (at
                                 most queue_depth), plus queue_depth in durable mode
                                 (writes waiting for a sync) */
