@@ -1180,15 +1180,15 @@ static void test_try_batch_never_waits(void **state) {
 
 /* Queue depth 0 takes enough I/Os for 16 MiB of small records at the disk,
  * and for about 12 MiB of records of 256 KiB and more (the nearest count),
- * 4 to 256 of them: small records keep the disk as busy as large ones, and
+ * 8 to 256 of them: small records keep the disk as busy as large ones, and
  * large ones pin no more buffers than that takes. A durable store keeps at
  * least 32, for its group syncs. The store then reads and writes at that
  * depth like at any other. */
 static void test_default_queue_depth_follows_record_size(void **state) {
   fx *f = *state;
-  assert_int_equal(kvt__disk_auto_depth(8u << 20, 0), 4); /* 32 MiB: never under 4 */
-  assert_int_equal(kvt__disk_auto_depth(4u << 20, 0), 4);
-  assert_int_equal(kvt__disk_auto_depth((2u << 20) + 4096, 0), 6);
+  assert_int_equal(kvt__disk_auto_depth(8u << 20, 0), 8); /* 64 MiB: never under 8 */
+  assert_int_equal(kvt__disk_auto_depth((2u << 20) + 4096, 0), 8);
+  assert_int_equal(kvt__disk_auto_depth(4u << 20, 0), 8);
   assert_int_equal(kvt__disk_auto_depth(1u << 20, 0), 12);
   assert_int_equal(kvt__disk_auto_depth((896u + 4) << 10, 0), 14); /* 13.65: the nearest */
   assert_int_equal(kvt__disk_auto_depth(260u << 10, 0), 47);
@@ -1235,8 +1235,8 @@ static void test_default_queue_depth_follows_record_size(void **state) {
   assert_int_equal(kvt__disk_open(&dc, &dd), 0);
   kvt__disk_get_info(dd, &in);
   kvt__disk_close(dd);
-  assert_int_equal(in.queue_depth, 6);
-  assert_int_equal(in.ops, 6 + in.checksum_threads); /* 2 to 4 threads by default */
+  assert_int_equal(in.queue_depth, 8);
+  assert_int_equal(in.ops, 8 + in.checksum_threads); /* 2 to 4 threads by default */
   assert_int_equal(in.scan_width, 64); /* a reopen's scan stays 64 reads deep */
   unlink(path);
   for (uint32_t i = 0; i < SLOTS; i++) assert_int_equal(write_sync(f, i, 700 + i), 0);

@@ -263,7 +263,7 @@ typedef struct kvt_config {
   uint64_t disk_blocks;      /* record slots on disk */
   uint32_t disk_queue_depth; /* I/Os at the disk at once (0, the default: enough for
                               * 16 MiB of records under 256 KiB, about 12 MiB of larger
-                              * ones, 4 to 256 of them, at least 32 with disk_durable;
+                              * ones, 8 to 256 of them, at least 32 with disk_durable;
                               * at most 4096; an array of several drives may want more) */
   kvt_disk_backend disk_backend; /* KVT_DISK_AUTO */
   int disk_reset;            /* 1: discard whatever the file holds (0) */

@@ -39,8 +39,8 @@
  * other work (load 8-10), a few runs of kvtier-bench micro storage gave
  * 2 MiB puts at 0.41-0.98 of raw io_uring with 32 and 0.98-1.02 with 64;
  * gets 0.54-0.76 and 0.79-0.90 (the store's default depth was 32 then; it
- * was 8 for 2 MiB records later, with 16 ops then: puts 0.91, gets 0.94
- * in one run; it is 6 now, with 8 ops, one per checksum thread). */
+ * is 8 for 2 MiB records now, with 16 ops then: puts 0.91, gets 0.94 in
+ * one run; 10 ops now, one per checksum thread). */
 #define KVT__STRAIGHT_DEPTH 64u
 /* A get's straight reads in flight per worker: a quarter of the blocks
  * its job reads from disk, between KVT__STRAIGHT_MIN_WINDOW and

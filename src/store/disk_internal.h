@@ -21,7 +21,7 @@
 #define KVT_DISK_HANDOFF_BYTES (256u << 10)
 /* Reads a recovery pass keeps in flight at least (headers of 4 KiB, or
  * whole small records): the backend is opened that deep even when the
- * store's own ops are fewer (large records: 8 ops at 2 MiB with two
+ * store's own ops are fewer (large records: 10 ops at 2 MiB with two
  * checksum threads), since a reopen's scan is bound by latency, not
  * bandwidth. */
 #define KVT_DISK_SCAN_MIN_WIDTH 64u

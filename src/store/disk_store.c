@@ -74,19 +74,18 @@
  * runs), at depth 8 with 10 ops 0.99-1.03 (9), with 12 ops 0.92-0.98 and
  * one 0.66 (12); 0.875 MiB records at depth 12 with 14 ops 0.95-0.98 (6),
  * 14 with 16 ops 0.95-0.96 (2), 18 with 22 ops 0.86-0.97 (22); spills
- * 0.95-1.02 at each. Whole disk sections, three pairs of alternating
- * runs, this rule (12 MiB, one op of headroom per checksum thread) against
- * 16 MiB and two: fetch+verify of 2 MiB records 0.95-1.03 against
- * 0.65-0.93, of 0.875 MiB 0.89-0.99 against 0.64-0.93. Reads into fresh
- * memory (a restore into host slots, storage mode's reads into the
- * engine's region) span it either way, and the depth moved them within
- * the noise: the 10,000-token restore_disk row 0.95-1.01 at depth 4 and 6
- * against 0.96-0.99 at 8; storage mode's get-into 0.87 at depth 6 against
- * 0.83-0.88 at 8, its put-from 0.86-0.92 against 0.90-0.94. An array of
- * several drives wants more in flight: disk_queue_depth sets it. */
+ * 0.95-1.02 at each. Reads into fresh memory (a restore into host slots,
+ * storage mode's reads into the engine's region) span it either way, and
+ * there depth counts: storage mode's get-into of 2 MiB blocks ran at
+ * 0.79-0.81 of raw at depth 6 against 0.83-0.85 at 8 (three pairs of
+ * alternating runs), so records of 2 MiB keep 8 (AUTO_MIN_DEPTH) and only
+ * the headroom drops for them; the 10,000-token restore_disk row moved
+ * within the noise (0.95-1.01 at depth 4 and 6 against 0.96-0.99 at 8).
+ * An array of several drives wants more in flight: disk_queue_depth sets
+ * it. */
 #define AUTO_INFLIGHT_BYTES (16u << 20)
 #define AUTO_INFLIGHT_LARGE_BYTES (12u << 20)
-#define AUTO_MIN_DEPTH 4u
+#define AUTO_MIN_DEPTH 8u
 #define AUTO_DURABLE_MIN_DEPTH 32u /* see kvt__disk_auto_depth */
 #define AUTO_MAX_DEPTH 256u
 #define BATCH 64u                 /* requests prepared and submitted together */

@@ -115,7 +115,7 @@ typedef struct kvt__disk_cfg {
  * KVT_ELOCKED (another cache holds the file). May block. */
 /* The default queue depth for records of slot_bytes: enough of them for
  * 16 MiB at the disk, of KVT_DISK_HANDOFF_BYTES and larger ones about 12
- * MiB (the nearest count), 4 to 256 (durable: 32 to 256). */
+ * MiB (the nearest count), 8 to 256 (durable: 32 to 256). */
 uint32_t kvt__disk_auto_depth(uint64_t slot_bytes, int durable);
 
 int kvt__disk_open(const kvt__disk_cfg *cfg, kvt__disk **out);
