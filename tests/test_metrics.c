@@ -744,6 +744,38 @@ static void scrape_never_counts_more_outcomes_than_blocks(void **state) {
   fixture_close(&f);
 }
 
+/* A refused open has no cache to ask what was wrong: kvt_open says which
+ * field, at ERROR, to the config's log_fn, and returns -EINVAL. */
+static void refused_open_names_the_field(void **state) {
+  (void)state;
+  static const struct {
+    int field;
+    const char *says;
+  } cases[] = {{0, "disk_queue_depth is at most 4096"}, {1, "block_tokens must be a power of two"},
+               {2, "disk_path needs disk_blocks"}, {3, "max_requests is at most 2^20"}};
+  for (unsigned i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    kvt_config cfg = disk_config(8, 16, "refused");
+    if (cases[i].field == 0) cfg.disk_queue_depth = 4097;
+    if (cases[i].field == 1) cfg.block_tokens = 48;
+    if (cases[i].field == 2) cfg.disk_blocks = 0;
+    if (cases[i].field == 3) cfg.max_requests = (1u << 20) + 1;
+    book_clear();
+    kvt_cache *c = NULL;
+    assert_int_equal(kvt_open(&cfg, &c), -EINVAL);
+    assert_null(c);
+    assert_int_equal(book_count(KVT_LOG_ERROR, "kvt_open: ", cases[i].says), 1);
+    assert_int_equal(book_count(KVT_LOG_ERROR, "kvt_open: ", NULL), 1);
+  }
+  kvt_config cfg = disk_config(8, 16, "refused");
+  cfg.disk_queue_depth = 4096; /* the most: accepted */
+  book_clear();
+  kvt_cache *c = NULL;
+  assert_int_equal(kvt_open(&cfg, &c), 0);
+  assert_int_equal(book_count(KVT_LOG_ERROR, "kvt_open: ", NULL), 0);
+  kvt_close(c);
+  unlink(disk_path);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(exposition_before_layout_and_buffer_rules),
@@ -758,6 +790,7 @@ int main(void) {
       cmocka_unit_test(uring_refused_fallback_is_logged),
       cmocka_unit_test(long_paths_and_newlines_keep_one_whole_line),
       cmocka_unit_test(scrape_never_counts_more_outcomes_than_blocks),
+      cmocka_unit_test(refused_open_names_the_field),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -377,7 +377,8 @@ typedef struct kvt_cache kvt_cache;
 /* Opens a cache: checks and copies the configuration (strings included).
  * The tier map, jobs, requests, host pool and disk file come with
  * kvt_register_layout, once the layout is known. Returns 0, -EINVAL (a
- * field out of range), KVT_EVERSION (cfg->size), -ENOMEM, or KVT_ENODEV:
+ * field out of range; an ERROR line to cfg->log_fn, or the process-wide
+ * handler, else stderr, names it), KVT_EVERSION (cfg->size), -ENOMEM, or KVT_ENODEV:
  * with cfg->device = KVT_DEVICE_CUDA, a build without the CUDA backend
  * returns it here; a build with it but no usable GPU returns it from
  * kvt_register_layout. On success *out owns everything; free it with

@@ -47,22 +47,28 @@ void kvt_layout_init(kvt_layout *layout) {
   layout->segments_per_layer = 2;
 }
 
-static int config_ok(const kvt_config *cfg) {
+/* NULL, or what is wrong with the config, in its fields' words (kvt_open
+ * logs it with its -EINVAL: a refused open has no cache to ask). */
+static const char *config_bad(const kvt_config *cfg) {
   uint32_t bt = cfg->block_tokens;
-  if (bt < 16 || bt > 1024 || (bt & (bt - 1))) return 0;
-  if (!cfg->model_fingerprint || !cfg->model_fingerprint[0]) return 0;
-  if (cfg->tp_size == 0 || cfg->tp_rank >= cfg->tp_size) return 0;
-  if (cfg->max_requests == 0 || cfg->max_jobs == 0 || cfg->max_job_blocks == 0) return 0;
-  if (cfg->max_requests > MAX_REQUESTS) return 0;
-  if (cfg->device < KVT_DEVICE_AUTO || cfg->device > KVT_DEVICE_CUDA) return 0;
-  if (cfg->disk_backend < KVT_DISK_AUTO || cfg->disk_backend > KVT_DISK_THREADS) return 0;
-  if (cfg->disk_path && !cfg->disk_blocks) return 0;
-  if (cfg->disk_queue_depth > MAX_QUEUE_DEPTH) return 0;
-  if (cfg->disk_blocks > UINT32_MAX - 1 || cfg->host_blocks > UINT32_MAX - 1) return 0;
-  if (cfg->log_level < KVT_LOG_NONE || cfg->log_level > KVT_LOG_INFO) return 0;
-  if (cfg->remote_url && (!cfg->remote_url[0] || cfg->host_blocks == 0)) return 0; /* remote blocks stage through the host */
-  if (cfg->remote_conns_per_node > 64) return 0;
-  return 1;
+  if (bt < 16 || bt > 1024 || (bt & (bt - 1))) return "block_tokens must be a power of two from 16 to 1024";
+  if (!cfg->model_fingerprint || !cfg->model_fingerprint[0]) return "model_fingerprint is required";
+  if (cfg->tp_size == 0 || cfg->tp_rank >= cfg->tp_size) return "tp_rank must be under tp_size (at least 1)";
+  if (cfg->max_requests == 0 || cfg->max_jobs == 0 || cfg->max_job_blocks == 0)
+    return "max_requests, max_jobs and max_job_blocks must be at least 1";
+  if (cfg->max_requests > MAX_REQUESTS) return "max_requests is at most 2^20";
+  if (cfg->device < KVT_DEVICE_AUTO || cfg->device > KVT_DEVICE_CUDA) return "device is not a kvt_device";
+  if (cfg->disk_backend < KVT_DISK_AUTO || cfg->disk_backend > KVT_DISK_THREADS)
+    return "disk_backend is not a kvt_disk_backend";
+  if (cfg->disk_path && !cfg->disk_blocks) return "disk_path needs disk_blocks";
+  if (cfg->disk_queue_depth > MAX_QUEUE_DEPTH) return "disk_queue_depth is at most 4096 (0: the default)";
+  if (cfg->disk_blocks > UINT32_MAX - 1 || cfg->host_blocks > UINT32_MAX - 1)
+    return "disk_blocks and host_blocks are at most 2^32 - 2";
+  if (cfg->log_level < KVT_LOG_NONE || cfg->log_level > KVT_LOG_INFO) return "log_level is not a kvt_log_level";
+  if (cfg->remote_url && (!cfg->remote_url[0] || cfg->host_blocks == 0)) /* remote blocks stage through the host */
+    return "remote_url needs host_blocks (remote blocks stage through the host tier) and may not be empty";
+  if (cfg->remote_conns_per_node > 64) return "remote_conns_per_node is at most 64";
+  return NULL;
 }
 
 /* The password leaves memory with the cache. */
@@ -92,7 +98,13 @@ int kvt_open(const kvt_config *user, kvt_cache **out) {
   int rc = kvt__struct_in(&cfg_v, sizeof cfg_v, user, user->size, KVT_CONFIG_SIZE_V1);
   if (rc) return rc;
   const kvt_config *cfg = &cfg_v;
-  if (!config_ok(cfg)) return -EINVAL;
+  const char *bad = config_bad(cfg);
+  if (bad) {
+    int ok_level = cfg->log_level >= KVT_LOG_NONE && cfg->log_level <= KVT_LOG_INFO;
+    kvt__log_sink sink = {cfg->log_fn, cfg->log_ctx, ok_level ? cfg->log_level : KVT_LOG_WARN};
+    kvt__log_to(&sink, KVT_LOG_ERROR, "kvt_open: %s", bad);
+    return -EINVAL;
+  }
   if (cfg->device == KVT_DEVICE_CUDA && !kvt_dev_backend_cuda()) return KVT_ENODEV;
   kvt__fork_watch();
   kvt_cache *c = calloc(1, sizeof *c);
