@@ -62,8 +62,8 @@
  * transfer of its own, so fewer of them keep a disk busy (how few a real
  * NVMe drive needs is not measured here: this machine has none), and each
  * I/O in flight pins a buffer of its caller's, so a deeper queue only
- * spreads the reads over more memory,
- * which costs on a virtual disk that copies into guest memory (raw O_DIRECT
+ * spreads the reads over more memory, which costs on a virtual disk that
+ * copies into guest memory (raw O_DIRECT
  * reads of 2 MiB, 8 in flight, on this class of machine: 2.8-3.3 GB/s
  * cycling 8 or 16 buffers, 2.2-2.5 cycling 32 or 64). kvtier-bench's disk
  * section on a two-CPU virtual machine, fetches by a caller that reuses
@@ -652,9 +652,9 @@ static int reaper_wait(kvt__disk *d) {
  * the more writes each sync covers (at depth 8, 2 MiB records: 9.7 per
  * sync and 0.91 of a normal spill; at 32: 24 and 1.00). */
 uint32_t kvt__disk_auto_depth(uint64_t slot_bytes, int durable) {
-  uint64_t n = !slot_bytes                               ? AUTO_MAX_DEPTH
-               : slot_bytes < KVT_DISK_HANDOFF_BYTES ? AUTO_INFLIGHT_BYTES / slot_bytes
-                                                     : (AUTO_INFLIGHT_LARGE_BYTES + slot_bytes / 2) / slot_bytes;
+  uint64_t n = AUTO_MAX_DEPTH;
+  if (slot_bytes && slot_bytes < KVT_DISK_HANDOFF_BYTES) n = AUTO_INFLIGHT_BYTES / slot_bytes;
+  else if (slot_bytes) n = (AUTO_INFLIGHT_LARGE_BYTES + slot_bytes / 2) / slot_bytes; /* the nearest count */
   uint32_t least = durable ? AUTO_DURABLE_MIN_DEPTH : AUTO_MIN_DEPTH;
   return n < least ? least : n > AUTO_MAX_DEPTH ? AUTO_MAX_DEPTH : (uint32_t)n;
 }
